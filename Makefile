@@ -1,0 +1,44 @@
+# The README's two commands live here: `make synth` and `make test`.
+# Both create .venv from the pinned requirements and `npm ci` the pinned aws-cdk CLI first.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STACK := TrainingClusterStack
+
+# jsii warns on every synth that Node 20 is deprecated, and (since 2026-10-30) end-of-life; silence exactly
+# those warnings for Node 20 (the END_OF_LIFE variable takes a list of major versions), not others.
+export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+# Synthesis must never reach AWS: no instance-metadata probing for credentials, no CLI telemetry.
+export AWS_EC2_METADATA_DISABLED := true
+export CDK_DISABLE_CLI_TELEMETRY := true
+
+.PHONY: setup synth test lint clean
+
+setup: $(VENV)/.installed node_modules/.installed
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
+	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "Python >= 3.11 is required (found %s)" % sys.version.split()[0])'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $@
+
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+synth: setup
+	npx --no-install cdk synth $(STACK) --quiet --no-notices --no-version-reporting
+	@echo "Template: $(CURDIR)/cdk.out/$(STACK).template.json"
+
+test: setup
+	$(BIN)/python -m pytest
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff check --config node_bootstrap/ruff.toml node_bootstrap
+
+clean:
+	rm -rf $(VENV) node_modules cdk.out .pytest_cache

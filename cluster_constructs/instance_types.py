@@ -1,0 +1,175 @@
+"""The instance catalog: the single source of truth for per-instance-type facts.
+
+The launch template (EFA interfaces), node_bootstrap's expected counts (rendered into the node config at
+synth), training's MFU (peak TFLOP/s) and clusterctl's cost estimates all read this table. It is plain
+Python with no CDK import, so the training package and clusterctl can use it on machines without aws-cdk-lib,
+and it stays Python 3.9 compatible because it is shipped to the nodes inside the bootstrap bundle.
+
+Sources (checked 2026-11):
+- Hardware: AWS EC2 User Guide, "Accelerated computing instances" specifications (GPUs, GPU memory, vCPUs,
+  network cards, instance store) and "Maximize network bandwidth on instances with multiple network cards"
+  (EFA layout: one EFA-only interface per network card; p5/p5e 32, p5en 16, p4d/p4de 4, p6-b200 8).
+- Peak dense (no sparsity) tensor throughput per GPU: NVIDIA datasheets. A100 SXM: 312 BF16, no FP8.
+  H100 SXM and H200 SXM: 989 BF16, 1979 FP8. B200 (HGX B200): 2250 BF16, 4500 FP8.
+- On-demand price: Linux, us-east-1, USD per instance-hour, after the June 2025 P4/P5 price reduction. Prices
+  differ by region and change; clusterctl labels its cost figures as estimates from this table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+
+@dataclass(frozen=True)
+class InstanceType:
+    """Facts about one accelerated EC2 instance type that the cluster depends on."""
+
+    name: str  # EC2 instance type, e.g. "p5.48xlarge"
+    gpu_model: str  # short NVIDIA model name, matched against the CUDA device name ("H100")
+    gpu_count: int  # GPUs per instance
+    gpu_memory_gib: int  # memory per GPU, GiB
+    vcpus: int
+    memory_gib: int  # host memory
+    network_cards: int  # network cards; the recommended EFA layout uses one EFA-only interface per card
+    efa_interfaces: int  # EFA devices that `fi_info -p efa` lists on a correctly wired instance
+    nvme_devices: int  # instance-store NVMe SSDs
+    nvme_device_gb: int  # size of each instance-store device, GB
+    peak_bf16_tflops_per_gpu: float  # dense BF16 tensor-core peak, TFLOP/s
+    peak_fp8_tflops_per_gpu: Optional[float]  # dense FP8 peak, None where the GPU has no FP8 tensor cores
+    on_demand_usd_per_hour: float  # us-east-1 Linux on-demand price per instance
+
+    @property
+    def supports_fp8(self) -> bool:
+        return self.peak_fp8_tflops_per_gpu is not None
+
+    @property
+    def peak_bf16_tflops_per_instance(self) -> float:
+        return self.peak_bf16_tflops_per_gpu * self.gpu_count
+
+    @property
+    def vcpus_per_gpu(self) -> int:
+        return self.vcpus // self.gpu_count
+
+
+_CATALOG: Tuple[InstanceType, ...] = (
+    InstanceType(
+        name="p4d.24xlarge",
+        gpu_model="A100",
+        gpu_count=8,
+        gpu_memory_gib=40,
+        vcpus=96,
+        memory_gib=1152,
+        network_cards=4,
+        efa_interfaces=4,
+        nvme_devices=8,
+        nvme_device_gb=1000,
+        peak_bf16_tflops_per_gpu=312.0,
+        peak_fp8_tflops_per_gpu=None,
+        on_demand_usd_per_hour=21.96,
+    ),
+    InstanceType(
+        name="p4de.24xlarge",
+        gpu_model="A100",
+        gpu_count=8,
+        gpu_memory_gib=80,
+        vcpus=96,
+        memory_gib=1152,
+        network_cards=4,
+        efa_interfaces=4,
+        nvme_devices=8,
+        nvme_device_gb=1000,
+        peak_bf16_tflops_per_gpu=312.0,
+        peak_fp8_tflops_per_gpu=None,
+        on_demand_usd_per_hour=27.45,
+    ),
+    InstanceType(
+        name="p5.48xlarge",
+        gpu_model="H100",
+        gpu_count=8,
+        gpu_memory_gib=80,
+        vcpus=192,
+        memory_gib=2048,
+        network_cards=32,
+        efa_interfaces=32,
+        nvme_devices=8,
+        nvme_device_gb=3840,
+        peak_bf16_tflops_per_gpu=989.0,
+        peak_fp8_tflops_per_gpu=1979.0,
+        on_demand_usd_per_hour=55.04,
+    ),
+    InstanceType(
+        name="p5e.48xlarge",
+        gpu_model="H200",
+        gpu_count=8,
+        gpu_memory_gib=141,
+        vcpus=192,
+        memory_gib=2048,
+        network_cards=32,
+        efa_interfaces=32,
+        nvme_devices=8,
+        nvme_device_gb=3840,
+        peak_bf16_tflops_per_gpu=989.0,
+        peak_fp8_tflops_per_gpu=1979.0,
+        on_demand_usd_per_hour=62.12,
+    ),
+    InstanceType(
+        name="p5en.48xlarge",
+        gpu_model="H200",
+        gpu_count=8,
+        gpu_memory_gib=141,
+        vcpus=192,
+        memory_gib=2048,
+        network_cards=16,
+        efa_interfaces=16,
+        nvme_devices=8,
+        nvme_device_gb=3840,
+        peak_bf16_tflops_per_gpu=989.0,
+        peak_fp8_tflops_per_gpu=1979.0,
+        on_demand_usd_per_hour=63.30,
+    ),
+    InstanceType(
+        name="p6-b200.48xlarge",
+        gpu_model="B200",
+        gpu_count=8,
+        gpu_memory_gib=179,
+        vcpus=192,
+        memory_gib=2048,
+        network_cards=8,
+        efa_interfaces=8,
+        nvme_devices=8,
+        nvme_device_gb=3840,
+        peak_bf16_tflops_per_gpu=2250.0,
+        peak_fp8_tflops_per_gpu=4500.0,
+        on_demand_usd_per_hour=113.93,
+    ),
+)
+
+INSTANCE_TYPES: Dict[str, InstanceType] = {t.name: t for t in _CATALOG}
+
+
+class UnknownInstanceType(KeyError):
+    """Raised for an instance type that is not in the catalog; the message lists the known ones."""
+
+    def __str__(self) -> str:  # KeyError would print the repr with quotes
+        return str(self.args[0])
+
+
+def get_instance_type(name: str) -> InstanceType:
+    """The catalog entry for `name`, or UnknownInstanceType naming the allowed values."""
+    try:
+        return INSTANCE_TYPES[name]
+    except KeyError:
+        allowed = ", ".join(sorted(INSTANCE_TYPES))
+        raise UnknownInstanceType("unknown instance type %r; allowed: %s" % (name, allowed)) from None
+
+
+def find_by_gpu_name(device_name: str) -> Optional[InstanceType]:
+    """The first catalog entry whose GPU model appears in a CUDA device name, e.g.
+    "NVIDIA H100 80GB HBM3" -> p5.48xlarge. Used by training to find its MFU peak when it is not told the
+    instance type."""
+    upper = device_name.upper()
+    for entry in _CATALOG:
+        if entry.gpu_model in upper:
+            return entry
+    return None

@@ -1,0 +1,231 @@
+"""JobRunner: the SSM Command document that starts, inspects and cancels training jobs on the nodes, and the
+managed policy an operator needs to drive the cluster with clusterctl.
+
+The document only calls node_bootstrap/jobs.py (docs/architecture.md section 5); every parameter has an
+allowedPattern, so SSM rejects shell metacharacters before the script, which substitutes the values into
+a bash command line, ever runs. The patterns are node_bootstrap.jobs' own validation expressions: one
+definition for the document and the node.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_cdk import Stack
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_ssm as ssm
+from constructs import Construct
+
+from node_bootstrap import jobs as node_jobs
+
+DEFAULT_BUNDLE_DIR = "/opt/cluster/bundle"
+# aws:runShellScript's own limit for one invocation; `cancel` waits up to cancelTimeoutSeconds and then
+# up to the unit's TimeoutStopSec, so leave room for both.
+COMMAND_TIMEOUT_SECONDS = 900
+
+
+def _whole(pattern: str) -> str:
+    """A node_bootstrap.jobs expression, anchored (they are written anchored already)."""
+    assert pattern.startswith("^") and pattern.endswith("$"), pattern
+    return pattern
+
+
+def _optional(pattern: str) -> str:
+    """The same expression, also matching the empty default of an action that does not use it."""
+    return "^(" + _whole(pattern)[1:-1] + ")?$"
+
+
+_OVERRIDE = node_jobs.OVERRIDE_RE.pattern[1:-1]
+
+PARAMETERS: dict[str, dict[str, Any]] = {
+    "action": {
+        "type": "String",
+        "description": "start: launch torchrun detached; status: print the job's state; cancel: SIGTERM, "
+        "wait, then kill.",
+        "allowedValues": ["start", "status", "cancel"],
+    },
+    "jobId": {
+        "type": "String",
+        "description": "Job id (clusterctl makes j-YYYYMMDD-HHMMSS-xxxx).",
+        "allowedPattern": _whole(node_jobs.JOB_ID_RE.pattern),
+    },
+    "config": {
+        "type": "String",
+        "description": "start: training TOML, relative to the bundle dir (training/configs/X.toml) or "
+        "absolute.",
+        "default": "",
+        "allowedPattern": _optional(node_jobs.CONFIG_RE.pattern),
+    },
+    "nodes": {
+        "type": "String",
+        "description": "start: torchrun --nnodes.",
+        "default": "1",
+        "allowedPattern": "^[1-9][0-9]{0,3}$",
+    },
+    "gpusPerNode": {
+        "type": "String",
+        "description": "start: torchrun --nproc-per-node.",
+        "default": "8",
+        "allowedPattern": "^[1-9][0-9]?$",
+    },
+    "rendezvousHost": {
+        "type": "String",
+        "description": "start: private IP of the node that hosts the c10d rendezvous.",
+        "default": "",
+        "allowedPattern": _optional(node_jobs.HOST_RE.pattern),
+    },
+    "maxRestarts": {
+        "type": "String",
+        "description": "start: torchrun --max-restarts.",
+        "default": "3",
+        "allowedPattern": "^[0-9]{1,2}$",
+    },
+    "overrides": {
+        "type": "String",
+        "description": "start: space-separated training overrides, key=value (passed as --set key=value).",
+        "default": "",
+        "allowedPattern": f"^({_OVERRIDE}( {_OVERRIDE})*)?$",
+    },
+    "cancelTimeoutSeconds": {
+        "type": "String",
+        "description": "cancel: seconds between SIGTERM and SIGKILL.",
+        "default": str(node_jobs.STOP_GRACE_SECONDS),
+        "allowedPattern": "^[0-9]{1,3}$",
+    },
+}
+
+
+def build_job_script(bundle_dir: str) -> list[str]:
+    """The runShellScript lines. Each value is double-quoted and pattern-checked, so it is one word."""
+    module = "python3 -m node_bootstrap.jobs"
+    return [
+        "#!/bin/bash",
+        "set -euo pipefail",
+        f"export PYTHONPATH={bundle_dir}",
+        'case "{{ action }}" in',
+        f'  start) exec {module} start --job-id "{{{{ jobId }}}}" --config "{{{{ config }}}}"'
+        ' --nodes "{{ nodes }}" --gpus-per-node "{{ gpusPerNode }}"'
+        ' --rendezvous-host "{{ rendezvousHost }}" --max-restarts "{{ maxRestarts }}"'
+        ' --overrides "{{ overrides }}" ;;',
+        f'  status) exec {module} status --job-id "{{{{ jobId }}}}" ;;',
+        f'  cancel) exec {module} cancel --job-id "{{{{ jobId }}}}"'
+        ' --timeout-seconds "{{ cancelTimeoutSeconds }}" ;;',
+        "esac",
+    ]
+
+
+def build_document_content(bundle_dir: str) -> dict[str, Any]:
+    return {
+        "schemaVersion": "2.2",
+        "description": "Start, inspect or cancel a training job on the cluster nodes (node_bootstrap.jobs). "
+        "Jobs run detached in a systemd unit, beyond Run Command's 48 h limit; logs go to CloudWatch Logs.",
+        "parameters": PARAMETERS,
+        "mainSteps": [
+            {
+                "action": "aws:runShellScript",
+                "name": "trainingJob",
+                "precondition": {"StringEquals": ["platformType", "Linux"]},
+                "inputs": {
+                    "timeoutSeconds": str(COMMAND_TIMEOUT_SECONDS),
+                    "runCommand": build_job_script(bundle_dir),
+                },
+            }
+        ],
+    }
+
+
+class JobRunner(Construct):
+    """The jobs document (`document`, `document_name`) and the operators' policy (`operator_policy`).
+
+    The document has no fixed name: CloudFormation names it, and a content change replaces it under a new
+    name (a fixed name would make the replacement collide with the old document). clusterctl always reads
+    the current name from the stack output JobDocumentName.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        log_group: logs.ILogGroup,
+        auto_scaling_group_name: str,
+        bundle_dir: str = DEFAULT_BUNDLE_DIR,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        stack = Stack.of(self)
+
+        self.document = ssm.CfnDocument(
+            self,
+            "Document",
+            document_type="Command",
+            document_format="JSON",
+            target_type="/AWS::EC2::Instance",
+            content=build_document_content(bundle_dir),
+        )
+        self.document_name: str = self.document.ref
+
+        document_arn = stack.format_arn(service="ssm", resource="document", resource_name=self.document_name)
+        instance_arn = stack.format_arn(service="ec2", resource="instance", resource_name="*")
+        capacity_reservation_arn = stack.format_arn(service="ec2", resource="capacity-reservation",
+                                                    resource_name="*")
+        stack_arn = stack.format_arn(service="cloudformation", resource="stack",
+                                     resource_name=f"{stack.stack_name}/*")
+        self.operator_policy = iam.ManagedPolicy(
+            self,
+            "OperatorPolicy",
+            description="clusterctl: quota, capacity, nodes, submit/status/cancel/logs for this cluster",
+            statements=[
+                iam.PolicyStatement(
+                    sid="SendJobDocument",
+                    actions=["ssm:SendCommand"],
+                    resources=[document_arn],
+                ),
+                iam.PolicyStatement(
+                    # Only this cluster's nodes: the Auto Scaling group tags its instances with its name.
+                    sid="SendToClusterNodes",
+                    actions=["ssm:SendCommand"],
+                    resources=[instance_arn],
+                    conditions={
+                        "StringEquals": {"ssm:resourceTag/aws:autoscaling:groupName": auto_scaling_group_name}
+                    },
+                ),
+                iam.PolicyStatement(
+                    # These SSM reads do not support resource-level permissions (Service Authorization
+                    # Reference, "Actions defined by AWS Systems Manager").
+                    sid="ReadCommandResults",
+                    actions=["ssm:GetCommandInvocation", "ssm:ListCommandInvocations", "ssm:ListCommands"],
+                    resources=["*"],
+                ),
+                iam.PolicyStatement(
+                    sid="ReadJobLogs",
+                    actions=["logs:FilterLogEvents", "logs:GetLogEvents", "logs:DescribeLogStreams"],
+                    resources=[log_group.log_group_arn],
+                ),
+                iam.PolicyStatement(
+                    sid="ReadStackOutputs",
+                    actions=["cloudformation:DescribeStacks"],
+                    resources=[stack_arn],
+                ),
+                iam.PolicyStatement(
+                    # These Describe* calls, Service Quotas reads and Capacity Block offerings take no
+                    # resource ARN (Service Authorization Reference: EC2, Auto Scaling, Service Quotas).
+                    sid="DescribeClusterAndCapacity",
+                    actions=[
+                        "autoscaling:DescribeAutoScalingGroups",
+                        "ec2:DescribeInstances",
+                        "ec2:DescribeInstanceTypes",
+                        "ec2:DescribeCapacityReservations",
+                        "ec2:DescribeCapacityBlockOfferings",
+                        "servicequotas:GetServiceQuota",
+                        "servicequotas:GetAWSDefaultServiceQuota",
+                    ],
+                    resources=["*"],
+                ),
+                iam.PolicyStatement(
+                    sid="PurchaseCapacityBlocks",
+                    actions=["ec2:PurchaseCapacityBlock"],
+                    resources=[capacity_reservation_arn],
+                ),
+            ],
+        )

@@ -1,0 +1,56 @@
+"""The node config: the one file that carries the stack's decisions to each node (/etc/cluster/node-config.json).
+
+Rendered at synth time from the typed settings and the instance catalog; deploy-time values (the FSx DNS name,
+the log group name) arrive as CloudFormation tokens. The schema is documented in docs/architecture.md section 2
+and read by node_bootstrap; its golden file is tests/cluster_constructs/golden/node-config.json.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stacks.settings import ComputeSettings, StorageSettings
+
+SCHEMA_VERSION = 1
+BUNDLE_DIR = "/opt/cluster/bundle"
+NODE_CONFIG_PATH = "/etc/cluster/node-config.json"
+DLAMI_SCRATCH = "/opt/dlami/nvme"  # where the Deep Learning AMI stripes the instance-store NVMe before user-data
+DLAMI_PYTHON = "/opt/pytorch/bin/python"  # the DLAMI's PyTorch environment (DLAMI release notes, python_location)
+RENDEZVOUS_PORT = 29400  # torchrun c10d rendezvous on the first node
+
+
+def render_node_config(*, stack_name: str, region: str, compute: ComputeSettings, storage: StorageSettings,
+                       file_system_dns_name: str, file_system_mount_name: str, log_group_name: str) -> dict[str, Any]:
+    """The node config as a JSON-ready dict (values may be CDK tokens)."""
+    instance = compute.instance_type
+    fsx = storage.fsx_mount_point
+    return {
+        "schemaVersion": SCHEMA_VERSION,
+        "stackName": stack_name,
+        "region": region,
+        "instanceType": instance.name,
+        "expected": {
+            "gpuCount": instance.gpu_count,
+            "gpuMemoryGiB": instance.gpu_memory_gib,
+            "efaInterfaceCount": instance.efa_interfaces,
+            "nvmeDeviceCount": instance.nvme_devices,
+        },
+        "scratch": {"mountPoint": compute.scratch_mount_point, "dlamiMountPoint": DLAMI_SCRATCH},
+        "lustre": {
+            "dnsName": file_system_dns_name,
+            "mountName": file_system_mount_name,
+            "mountPoint": fsx,
+            "efaEnabled": storage.fsx_efa_enabled,
+        },
+        "logging": {"logGroupName": log_group_name},
+        "training": {
+            "bundleDir": BUNDLE_DIR,
+            "envFile": "/etc/cluster/training.env",
+            "python": DLAMI_PYTHON,
+            "jobsDir": "/var/lib/cluster/jobs",
+            "jobLogDir": "/var/log/cluster/jobs",
+            "checkpointRoot": f"{fsx}/checkpoints",
+            "dataRoot": f"{fsx}/data",
+            "rendezvousPort": RENDEZVOUS_PORT,
+        },
+    }

@@ -1,0 +1,115 @@
+"""ClusterStorage: the data and checkpoint buckets, and FSx for Lustre linked to them.
+
+FSx for Lustre PERSISTENT_2 is the nodes' shared file system; two data repository associations link it to S3:
+/data imports the data bucket (new, changed and deleted objects appear in Lustre), /checkpoints exports the
+checkpoint files to the checkpoint bucket (and back), so a checkpoint written on FSx survives the file system.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import Duration, RemovalPolicy, aws_ec2 as ec2, aws_fsx as fsx, aws_s3 as s3
+from constructs import Construct
+
+from stacks.settings import StorageSettings
+
+DATA_PATH = "/data"
+CHECKPOINT_PATH = "/checkpoints"
+AUTO_SYNC_EVENTS = ["NEW", "CHANGED", "DELETED"]
+
+
+class ClusterStorage(Construct):
+    def __init__(self, scope: Construct, construct_id: str, *, settings: StorageSettings, subnet: ec2.ISubnet,
+                 security_group: ec2.ISecurityGroup) -> None:
+        super().__init__(scope, construct_id)
+        self.settings = settings
+
+        self.access_log_bucket = s3.Bucket(
+            self,
+            "AccessLogs",
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            enforce_ssl=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            lifecycle_rules=[s3.LifecycleRule(id="ExpireAccessLogs", expiration=Duration.days(365))],
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+        self.data_bucket = self._bucket("DataBucket", settings.data_bucket_name, versioned=False)
+        self.checkpoint_bucket = self._bucket("CheckpointBucket", settings.checkpoint_bucket_name, versioned=True)
+
+        self.file_system = fsx.CfnFileSystem(
+            self,
+            "FileSystem",
+            file_system_type="LUSTRE",
+            file_system_type_version="2.15",
+            storage_type="SSD",
+            storage_capacity=settings.fsx_storage_gib,
+            subnet_ids=[subnet.subnet_id],
+            security_group_ids=[security_group.security_group_id],
+            lustre_configuration=fsx.CfnFileSystem.LustreConfigurationProperty(
+                deployment_type="PERSISTENT_2",
+                per_unit_storage_throughput=settings.fsx_throughput_mbps_per_tib,
+                data_compression_type="LZ4",  # token data and checkpoints compress; saves throughput and space
+                # AUTOMATIC provisions metadata IOPS with the storage capacity (PERSISTENT_2 metadata config).
+                metadata_configuration=fsx.CfnFileSystem.MetadataConfigurationProperty(mode="AUTOMATIC"),
+                efa_enabled=settings.fsx_efa_enabled or None,
+                weekly_maintenance_start_time="7:03:00",  # Sunday 03:00 UTC
+                automatic_backup_retention_days=0,  # the checkpoint bucket (versioned) is the copy that matters
+            ),
+        )
+        # A checkpoint written just before `cdk destroy` may not be exported to S3 yet, and CloudFormation has no
+        # snapshot-on-delete for FSx: the file system is retained, and the runbook says how to delete it.
+        self.file_system.apply_removal_policy(RemovalPolicy.RETAIN)
+
+        self.data_association = self._association("DataAssociation", self.data_bucket, DATA_PATH)
+        self.checkpoint_association = self._association("CheckpointAssociation", self.checkpoint_bucket,
+                                                        CHECKPOINT_PATH)
+
+    def _bucket(self, construct_id: str, existing_name: str | None, *, versioned: bool) -> s3.IBucket:
+        if existing_name:
+            return s3.Bucket.from_bucket_name(self, construct_id, existing_name)
+        lifecycle = []
+        if versioned:
+            # Checkpoints are rewritten under the same keys by keep-last-k; old versions are a safety net only.
+            lifecycle.append(s3.LifecycleRule(
+                id="ExpireOldCheckpointVersions",
+                noncurrent_version_expiration=Duration.days(self.settings.checkpoint_version_retention_days),
+                abort_incomplete_multipart_upload_after=Duration.days(7),
+            ))
+        else:
+            lifecycle.append(s3.LifecycleRule(id="AbortIncompleteUploads",
+                                              abort_incomplete_multipart_upload_after=Duration.days(7)))
+        return s3.Bucket(
+            self,
+            construct_id,
+            encryption=s3.BucketEncryption.S3_MANAGED,  # FSx data repository associations read it without KMS grants
+            enforce_ssl=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            versioned=versioned,
+            lifecycle_rules=lifecycle,
+            server_access_logs_bucket=self.access_log_bucket,
+            server_access_logs_prefix=f"{construct_id}/",
+            removal_policy=RemovalPolicy.RETAIN,  # training data and checkpoints outlive the cluster
+        )
+
+    def _association(self, construct_id: str, bucket: s3.IBucket, path: str) -> fsx.CfnDataRepositoryAssociation:
+        return fsx.CfnDataRepositoryAssociation(
+            self,
+            construct_id,
+            file_system_id=self.file_system.ref,
+            file_system_path=path,
+            data_repository_path=f"s3://{bucket.bucket_name}",
+            batch_import_meta_data_on_create=True,
+            s3=fsx.CfnDataRepositoryAssociation.S3Property(
+                auto_import_policy=fsx.CfnDataRepositoryAssociation.AutoImportPolicyProperty(events=AUTO_SYNC_EVENTS),
+                auto_export_policy=fsx.CfnDataRepositoryAssociation.AutoExportPolicyProperty(events=AUTO_SYNC_EVENTS),
+            ),
+        )
+
+    @property
+    def dns_name(self) -> str:
+        return self.file_system.attr_dns_name
+
+    @property
+    def mount_name(self) -> str:
+        return self.file_system.attr_lustre_mount_name

@@ -1,0 +1,236 @@
+"""clusterctl's command line: argparse, global options, and the one place errors become exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TextIO
+
+import botocore.exceptions
+
+from cluster_constructs.instance_types import INSTANCE_TYPES, UnknownInstanceType
+from clusterctl import commands
+from clusterctl.aws import (
+    EXIT_CODES_HELP,
+    EXIT_FAILED,
+    EXIT_USAGE,
+    AwsContext,
+    build_context,
+    describe_aws_error,
+)
+from clusterctl.stack import DEFAULT_STACK_NAME
+from node_bootstrap.jobs import STOP_GRACE_SECONDS
+
+
+@dataclass
+class Runtime:
+    """What a command touches outside itself; tests replace any of it."""
+
+    out: TextIO = field(default_factory=lambda: sys.stdout)
+    err: TextIO = field(default_factory=lambda: sys.stderr)
+    confirm: Callable[[str], str] = input
+    sleep: Callable[[float], None] = time.sleep
+    clock: Callable[[], float] = time.monotonic
+    now: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC)
+    context: AwsContext | None = None  # built from --region/--profile when None
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be 1 or more")
+    return value
+
+
+def _utc_time(text: str) -> datetime.datetime:
+    try:
+        value = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected an ISO 8601 date or time, e.g. 2026-12-01 or 2026-12-01T11:30:00Z"
+        ) from None
+    return value if value.tzinfo else value.replace(tzinfo=datetime.UTC)
+
+
+def _instance_type(text: str) -> str:
+    if text not in INSTANCE_TYPES:
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed: {', '.join(sorted(INSTANCE_TYPES))}")
+    return text
+
+
+def _add_global_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
+    """Global options work before or after the command: the subcommands repeat them with SUPPRESS defaults
+    so that a value given before the command is not reset by the subcommand's default."""
+
+    def default(value: object) -> object:
+        return argparse.SUPPRESS if suppress else value
+
+    parser.add_argument("--region", default=default(None), help="AWS region (default: the profile's)")
+    parser.add_argument("--profile", default=default(None), help="AWS named profile")
+    parser.add_argument(
+        "--stack",
+        default=default(DEFAULT_STACK_NAME),
+        help=f"CloudFormation stack name (default {DEFAULT_STACK_NAME})",
+    )
+    parser.add_argument("--json", action="store_true", default=default(False), help="print JSON")
+    parser.add_argument(
+        "--debug", action="store_true", default=default(False), help="print the traceback of an error"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    _add_global_options(common, suppress=True)
+    parser = argparse.ArgumentParser(
+        prog="clusterctl",
+        description="Operate the P5 training cluster: quota and capacity, nodes, jobs (submit, status, logs, "
+        "cancel) and cost.",
+        epilog=EXIT_CODES_HELP,
+    )
+    _add_global_options(parser, suppress=False)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, help_text: str, **kwargs: object) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common], help=help_text, description=help_text, **kwargs)
+
+    quota = add(
+        "quota", "Does the request fit the On-Demand P-instance vCPU quota (L-417A185B)? Exit 1 if not."
+    )
+    quota.add_argument("--instance-type", type=_instance_type, default="p5.48xlarge")
+    quota.add_argument("--nodes", type=_positive_int, required=True)
+    quota.set_defaults(handler=commands.quota)
+
+    capacity = add("capacity", "Capacity Blocks for ML and capacity reservations.")
+    capacity_sub = capacity.add_subparsers(dest="capacity_command", required=True, metavar="ACTION")
+    offerings = capacity_sub.add_parser(
+        "offerings", parents=[common], help="list Capacity Block offerings with their price, cheapest first"
+    )
+    offerings.add_argument("--instance-type", type=_instance_type, default="p5.48xlarge")
+    offerings.add_argument("--nodes", type=_positive_int, required=True)
+    offerings.add_argument(
+        "--hours",
+        type=_positive_int,
+        required=True,
+        help="block length: whole days up to 14 days, then whole weeks up to 182 days",
+    )
+    offerings.add_argument("--start", type=_utc_time, help="earliest start (ISO 8601, UTC if no zone)")
+    offerings.add_argument("--end", type=_utc_time, help="latest end (ISO 8601, UTC if no zone)")
+    offerings.set_defaults(handler=commands.capacity_offerings)
+    purchase = capacity_sub.add_parser(
+        "purchase",
+        parents=[common],
+        help="buy a Capacity Block offering (asks first) and print the cdk deploy settings for it",
+    )
+    purchase.add_argument("offering_id", metavar="OFFERING_ID", help="cb-... from `capacity offerings`")
+    purchase.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    purchase.set_defaults(handler=commands.capacity_purchase)
+    reservations = capacity_sub.add_parser(
+        "list", parents=[common], help="capacity reservations (ODCRs) and Capacity Blocks: state, AZ, end"
+    )
+    reservations.set_defaults(handler=commands.capacity_list)
+
+    nodes = add(
+        "nodes", "The cluster's nodes: id, private IP, AZ, lifecycle, health and bootstrap readiness."
+    )
+    nodes.set_defaults(handler=commands.nodes)
+
+    submit = add(
+        "submit",
+        "Start a training job on the ready nodes (torchrun, c10d rendezvous on the first "
+        "node by private IP) and print its job id. Refuses when nodes are missing or not ready.",
+    )
+    submit.add_argument("--config", required=True, help="training TOML, e.g. training/configs/llama3-8b.toml")
+    submit.add_argument("--nodes", type=_positive_int, help="nodes to use (default: the stack's NodeCount)")
+    submit.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="training config override, repeatable (e.g. --set optim.lr=3e-4)",
+    )
+    submit.add_argument(
+        "--max-restarts",
+        type=int,
+        default=3,
+        help="torchrun --max-restarts: whole-job restarts after a failure (default 3)",
+    )
+    submit.set_defaults(handler=commands.submit)
+
+    status = add(
+        "status", "Per node: running, succeeded, failed (exit code) or cancelled; last step and loss."
+    )
+    status.add_argument("job_id", metavar="JOB")
+    status.set_defaults(handler=commands.status)
+
+    logs = add("logs", "A job's output from CloudWatch Logs, all nodes interleaved by time.")
+    logs.add_argument("job_id", metavar="JOB")
+    logs.add_argument("--node", metavar="INSTANCE_ID", help="only this node's log")
+    logs.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until Ctrl-C")
+    logs.set_defaults(handler=commands.logs)
+
+    cancel = add(
+        "cancel",
+        "SIGTERM the job on every node so the trainer checkpoints, then kill what is left after the timeout.",
+    )
+    cancel.add_argument("job_id", metavar="JOB")
+    cancel.add_argument(
+        "--timeout-seconds",
+        type=int,
+        default=STOP_GRACE_SECONDS,
+        help="seconds between SIGTERM and SIGKILL (default %(default)s)",
+    )
+    cancel.set_defaults(handler=commands.cancel)
+
+    cost = add(
+        "cost",
+        "Estimated on-demand cost from the instance catalog: for a plan (--instance-type, "
+        "--nodes, --hours) or for a job so far (--job).",
+    )
+    cost.add_argument("--instance-type", type=_instance_type, default="p5.48xlarge")
+    cost.add_argument("--nodes", type=_positive_int)
+    cost.add_argument("--hours", type=float)
+    cost.add_argument(
+        "--job", metavar="JOB", help="a submitted job: its nodes times the time since it started"
+    )
+    cost.set_defaults(handler=commands.cost)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, runtime: Runtime | None = None) -> int:
+    runtime = runtime or Runtime()
+    args = build_parser().parse_args(argv)
+    try:
+        if runtime.context is None:
+            runtime.context = build_context(args.region, args.profile)
+        return int(args.handler(args, runtime) or 0)
+    except KeyboardInterrupt:
+        print("clusterctl: interrupted", file=runtime.err)
+        return 130
+    except Exception as error:  # noqa: BLE001 - every error ends as one line unless --debug
+        region = runtime.context.region if runtime.context else args.region
+        if isinstance(error, UnknownInstanceType | botocore.exceptions.ParamValidationError):
+            message, code = str(error), EXIT_USAGE
+        else:
+            mapped = describe_aws_error(error, region)
+            message, code = (
+                (mapped.args[0], mapped.exit_code)
+                if mapped
+                else (
+                    f"unexpected {type(error).__name__}: {error} (rerun with --debug for the traceback)",
+                    EXIT_FAILED,
+                )
+            )
+        if args.debug:
+            traceback.print_exc(file=runtime.err)
+        print(f"clusterctl: error: {message}", file=runtime.err)
+        return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,359 @@
+"""Jobs through the stack's SSM document: submit, status, cancel (docs/architecture.md section 5).
+
+One `ssm:SendCommand` runs node_bootstrap.jobs on every node of a job; the nodes answer with one JSON
+object on stdout, which clusterctl reads back with `ssm:GetCommandInvocation`. A job's nodes are found
+again from its start command (`ssm:ListCommands`; SSM keeps command history for 30 days).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import botocore.exceptions
+
+from clusterctl.aws import EXIT_USAGE, ClusterctlError
+from clusterctl.nodes import Node
+from node_bootstrap import jobs as node_jobs
+
+SEND_BATCH = 50  # ssm:SendCommand takes at most 50 InstanceIds (SSM API reference, SendCommand)
+POLL_SECONDS = 2.0
+START_TIMEOUT_SECONDS = 180.0  # the node waits up to 30 s for its supervisor; SSM delivery adds latency
+STATUS_TIMEOUT_SECONDS = 120.0
+TERMINAL_STATUSES = {
+    "Success",
+    "Failed",
+    "Cancelled",
+    "TimedOut",
+    "DeliveryTimedOut",
+    "ExecutionTimedOut",
+    "Undeliverable",
+    "Terminated",
+    "InvalidPlatform",
+    "AccessDenied",
+}
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+Sleep = Callable[[float], None]
+Clock = Callable[[], float]
+
+
+def new_job_id(now: datetime.datetime) -> str:
+    """Sortable (UTC time first), unique enough (16 random bits per second), and inside the SSM document's
+    jobId pattern: j-20261120-231502-ab12."""
+    return f"j-{now.astimezone(datetime.UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+
+
+def job_time(job_id: str) -> datetime.datetime | None:
+    """The submit time a clusterctl job id carries, None for other ids."""
+    try:
+        return datetime.datetime.strptime(job_id[2:17], "%Y%m%d-%H%M%S").replace(tzinfo=datetime.UTC)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    config: str  # training TOML as the nodes see it, relative to the bundle dir or absolute
+    nodes: int
+    gpus_per_node: int
+    max_restarts: int
+    overrides: tuple[str, ...] = ()
+
+    def validate(self) -> None:
+        if not node_jobs.CONFIG_RE.match(self.config) or ".." in self.config.split("/"):
+            raise ClusterctlError(
+                f"--config={self.config!r}: allowed: a .toml path of letters, digits, _ . / -", EXIT_USAGE
+            )
+        local_configs = REPO_ROOT / "training" / "configs"
+        if (
+            not self.config.startswith("/")
+            and local_configs.is_dir()
+            and not (REPO_ROOT / self.config).is_file()
+        ):
+            known = ", ".join(f"training/configs/{p.name}" for p in sorted(local_configs.glob("*.toml")))
+            raise ClusterctlError(
+                f"--config={self.config!r}: not in the bundle; allowed: {known}, or an "
+                "absolute path on the nodes (e.g. on /fsx)",
+                EXIT_USAGE,
+            )
+        for item in self.overrides:
+            if not node_jobs.OVERRIDE_RE.match(item):
+                raise ClusterctlError(
+                    f"--set {item!r}: allowed: key=value, a dotted key and a value of letters, "
+                    "digits and _ . : / + , @ % - (no spaces or quotes)",
+                    EXIT_USAGE,
+                )
+        if not 0 <= self.max_restarts <= 99:
+            raise ClusterctlError(f"--max-restarts={self.max_restarts}: allowed: 0-99", EXIT_USAGE)
+
+    def parameters(self, job_id: str, rendezvous_host: str) -> dict[str, list[str]]:
+        return {
+            "action": ["start"],
+            "jobId": [job_id],
+            "config": [self.config],
+            "nodes": [str(self.nodes)],
+            "gpusPerNode": [str(self.gpus_per_node)],
+            "rendezvousHost": [rendezvous_host],
+            "maxRestarts": [str(self.max_restarts)],
+            "overrides": [" ".join(self.overrides)],
+        }
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """One node's answer to one command."""
+
+    instance_id: str
+    status: str  # SSM: Success, Failed, TimedOut, Undeliverable, ...
+    response_code: int | None  # the node command's exit code
+    stdout: str
+    stderr: str
+
+    @property
+    def payload(self) -> dict[str, Any] | None:
+        """The JSON object node_bootstrap.jobs printed (its last stdout line)."""
+        for line in reversed(self.stdout.strip().splitlines()):
+            try:
+                value = json.loads(line)
+            except ValueError:
+                continue
+            return value if isinstance(value, dict) else None
+        return None
+
+    @property
+    def error(self) -> str:
+        """Why it failed, in one line."""
+        if self.payload and self.payload.get("error"):
+            return str(self.payload["error"])
+        lines = (self.stderr or self.stdout).strip().splitlines()
+        detail = f": {lines[-1]}" if lines else ""
+        return f"SSM {self.status} (exit code {self.response_code}){detail}"
+
+
+def run_on_nodes(
+    ssm: Any,
+    document_name: str,
+    instance_ids: Sequence[str],
+    parameters: dict[str, list[str]],
+    comment: str,
+    timeout_seconds: float,
+    sleep: Sleep = time.sleep,
+    clock: Clock = time.monotonic,
+) -> dict[str, Invocation]:
+    """Sends the document to the nodes (in batches of 50) and waits for every node's answer."""
+    pending: dict[str, str] = {}  # instance id -> command id
+    for start in range(0, len(instance_ids), SEND_BATCH):
+        batch = list(instance_ids[start : start + SEND_BATCH])
+        command = ssm.send_command(
+            DocumentName=document_name,
+            DocumentVersion="$LATEST",
+            InstanceIds=batch,
+            Parameters=parameters,
+            Comment=comment[:100],  # SSM: Comment is at most 100 characters
+            TimeoutSeconds=max(30, int(timeout_seconds)),  # delivery timeout: an offline node fails fast
+        )["Command"]
+        pending.update({instance_id: command["CommandId"] for instance_id in batch})
+    results: dict[str, Invocation] = {}
+    deadline = clock() + timeout_seconds
+    while pending:
+        for instance_id, command_id in list(pending.items()):
+            try:
+                answer = ssm.get_command_invocation(CommandId=command_id, InstanceId=instance_id)
+            except botocore.exceptions.ClientError as e:
+                if e.response.get("Error", {}).get("Code") == "InvocationDoesNotExist":
+                    continue  # SSM has not registered the invocation yet
+                raise
+            if answer["Status"] in TERMINAL_STATUSES:
+                results[instance_id] = Invocation(
+                    instance_id=instance_id,
+                    status=answer["Status"],
+                    response_code=answer.get("ResponseCode"),
+                    stdout=answer.get("StandardOutputContent", ""),
+                    stderr=answer.get("StandardErrorContent", ""),
+                )
+                del pending[instance_id]
+        if pending:
+            if clock() >= deadline:
+                for instance_id in pending:
+                    results[instance_id] = Invocation(
+                        instance_id, "NoAnswer", None, "", f"no answer within {timeout_seconds:.0f} s"
+                    )
+                break
+            sleep(POLL_SECONDS)
+    return results
+
+
+# --- submit --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    job_id: str
+    rendezvous_host: str
+    nodes: list[Node]
+    invocations: dict[str, Invocation]
+
+    @property
+    def failed(self) -> list[Invocation]:
+        return [i for i in self.invocations.values() if i.status != "Success"]
+
+
+def submit_job(
+    ssm: Any,
+    document_name: str,
+    nodes: Sequence[Node],
+    request: JobRequest,
+    job_id: str,
+    sleep: Sleep = time.sleep,
+    clock: Clock = time.monotonic,
+) -> SubmitResult:
+    """Starts the job on `nodes` (ready, ordered by private IP): the first hosts the c10d rendezvous."""
+    request.validate()
+    if len(nodes) != request.nodes:
+        raise ValueError(f"{len(nodes)} nodes selected for a {request.nodes}-node job")
+    rendezvous_host = str(nodes[0].private_ip)
+    invocations = run_on_nodes(
+        ssm,
+        document_name,
+        [n.instance_id for n in nodes],
+        request.parameters(job_id, rendezvous_host),
+        f"clusterctl start {job_id}",
+        START_TIMEOUT_SECONDS,
+        sleep,
+        clock,
+    )
+    return SubmitResult(
+        job_id=job_id, rendezvous_host=rendezvous_host, nodes=list(nodes), invocations=invocations
+    )
+
+
+# --- find, status, cancel ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """What the start command says about a job."""
+
+    job_id: str
+    instance_ids: list[str]
+    requested_at: datetime.datetime
+    parameters: dict[str, list[str]]
+
+
+def find_job(ssm: Any, document_name: str, job_id: str) -> JobRecord | None:
+    """The job's start command(s) in SSM's command history, or None (unknown id, or older than 30 days)."""
+    filters = [{"key": "DocumentName", "value": document_name}]
+    submitted = job_time(job_id)
+    if submitted is not None:  # the id carries the submit time: skip older history
+        after = submitted - datetime.timedelta(hours=1)
+        filters.append({"key": "InvokedAfter", "value": after.strftime("%Y-%m-%dT%H:%M:%SZ")})
+    instance_ids: list[str] = []
+    requested: list[datetime.datetime] = []
+    parameters: dict[str, list[str]] = {}
+    for page in ssm.get_paginator("list_commands").paginate(Filters=filters):
+        for command in page.get("Commands", []):
+            params = command.get("Parameters", {})
+            if (
+                params.get("jobId") == [job_id]
+                and params.get("action") == ["start"]
+                and (command.get("DocumentName") == document_name)
+            ):
+                instance_ids += command.get("InstanceIds", [])
+                requested.append(command["RequestedDateTime"])
+                parameters = params
+    if not instance_ids:
+        return None
+    return JobRecord(
+        job_id=job_id,
+        instance_ids=sorted(set(instance_ids)),
+        requested_at=min(requested),
+        parameters=parameters,
+    )
+
+
+@dataclass(frozen=True)
+class NodeJobState:
+    """One node's view of a job, from node_bootstrap.jobs status/cancel."""
+
+    instance_id: str
+    state: str  # running, succeeded, failed, cancelled; not-found (no such job there); unknown (no answer)
+    exit_code: int | None
+    last_step: int | None
+    last_loss: float | None
+    started_at: str | None
+    ended_at: str | None
+    detail: str | None  # an error, or what cancel did
+
+    @classmethod
+    def from_invocation(cls, invocation: Invocation) -> NodeJobState:
+        payload = invocation.payload or {}
+        state = payload.get("state")
+        if state in node_jobs.STATES:
+            return cls(
+                invocation.instance_id,
+                str(state),
+                payload.get("exitCode"),
+                payload.get("lastStep"),
+                payload.get("lastLoss"),
+                payload.get("startedAt"),
+                payload.get("endedAt"),
+                payload.get("cancel") or payload.get("error"),
+            )
+        if invocation.response_code == node_jobs.EXIT_NOT_FOUND:
+            return cls(invocation.instance_id, "not-found", None, None, None, None, None, invocation.error)
+        return cls(invocation.instance_id, "unknown", None, None, None, None, None, invocation.error)
+
+
+def overall_state(states: Sequence[NodeJobState]) -> str:
+    """The job's state: running while any node runs; failed if any node failed; succeeded if all did."""
+    names = {s.state for s in states}
+    for state in ("running", "failed", "cancelled"):
+        if state in names:
+            return state
+    if names == {"succeeded"}:
+        return "succeeded"
+    return "unknown"
+
+
+def validate_job_id(job_id: str) -> None:
+    if not node_jobs.JOB_ID_RE.match(job_id):
+        raise ClusterctlError(
+            f"job id {job_id!r}: allowed: the id `clusterctl submit` printed (j-YYYYMMDD-HHMMSS-xxxx)",
+            EXIT_USAGE,
+        )
+
+
+def query_job(
+    ssm: Any,
+    document_name: str,
+    job_id: str,
+    instance_ids: Sequence[str],
+    action: str = "status",
+    cancel_timeout_seconds: int = node_jobs.STOP_GRACE_SECONDS,
+    sleep: Sleep = time.sleep,
+    clock: Clock = time.monotonic,
+) -> list[NodeJobState]:
+    """Runs `status` or `cancel` on the job's nodes and returns each node's state, ordered by instance id."""
+    parameters = {"action": [action], "jobId": [job_id]}
+    timeout_seconds = STATUS_TIMEOUT_SECONDS
+    if action == "cancel":
+        parameters["cancelTimeoutSeconds"] = [str(cancel_timeout_seconds)]
+        timeout_seconds += cancel_timeout_seconds + 60  # SIGTERM grace, then the kill and the unit stop
+    invocations = run_on_nodes(
+        ssm,
+        document_name,
+        list(instance_ids),
+        parameters,
+        f"clusterctl {action} {job_id}",
+        timeout_seconds,
+        sleep,
+        clock,
+    )
+    return [NodeJobState.from_invocation(invocations[i]) for i in sorted(invocations)]

@@ -1,0 +1,43 @@
+"""Output: aligned text tables for people, JSON for scripts (--json)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+from collections.abc import Sequence
+from typing import Any
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """Left-aligned columns separated by two spaces; None prints as "-"."""
+    cells = [[str(h) for h in headers]] + [["-" if v is None else str(v) for v in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    )
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, datetime.datetime):
+        return format_time(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    raise TypeError(f"cannot serialise {type(value).__name__}")
+
+
+def to_json(value: Any) -> str:
+    return json.dumps(value, default=_default, indent=2, sort_keys=True)
+
+
+def format_time(value: datetime.datetime | None) -> str | None:
+    """UTC, ISO 8601 to the second: 2026-11-20T23:15:02Z."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=datetime.UTC)
+    return value.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def format_usd(amount: float) -> str:
+    return f"${amount:,.2f}"

@@ -1,0 +1,75 @@
+"""The deployed stack's outputs (docs/architecture.md section 6): everything clusterctl knows about a
+cluster comes from here, so it never needs its own configuration file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import botocore.exceptions
+
+from clusterctl.aws import EXIT_STACK, ClusterctlError
+
+DEFAULT_STACK_NAME = "TrainingClusterStack"
+REQUIRED_OUTPUTS = (
+    "AutoScalingGroupName",
+    "LogGroupName",
+    "JobDocumentName",
+    "InstanceType",
+    "NodeCount",
+    "CapacityMode",
+)
+
+
+@dataclass(frozen=True)
+class StackOutputs:
+    stack_name: str
+    region: str
+    auto_scaling_group_name: str
+    log_group_name: str
+    job_document_name: str
+    instance_type: str
+    node_count: int  # the group's fixed size
+    capacity_mode: str  # on-demand, odcr or capacity-block
+    outputs: dict[str, str]  # every output, for the rest (bucket names, FSx ids)
+
+
+def read_stack_outputs(cloudformation: Any, stack_name: str, region: str | None) -> StackOutputs:
+    try:
+        response = cloudformation.describe_stacks(StackName=stack_name)
+    except botocore.exceptions.ClientError as e:
+        error = e.response.get("Error", {})
+        # CloudFormation answers a missing stack with ValidationError "Stack with id X does not exist".
+        if error.get("Code") == "ValidationError" and "does not exist" in error.get("Message", ""):
+            raise ClusterctlError(
+                f"stack {stack_name} is not deployed in {region} (deploy it with `cdk deploy`, or pass "
+                "--region/--stack)",
+                EXIT_STACK,
+            ) from None
+        raise
+    stack = response["Stacks"][0]
+    outputs = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
+    missing = [key for key in REQUIRED_OUTPUTS if key not in outputs]
+    if missing:
+        raise ClusterctlError(
+            f"stack {stack_name} ({stack['StackStatus']}) has no output {', '.join(missing)}: wait for the "
+            "deployment to finish, or redeploy with this version",
+            EXIT_STACK,
+        )
+    try:
+        node_count = int(outputs["NodeCount"])
+    except ValueError:
+        raise ClusterctlError(
+            f"stack {stack_name}: output NodeCount={outputs['NodeCount']!r} is not a number", EXIT_STACK
+        ) from None
+    return StackOutputs(
+        stack_name=stack_name,
+        region=region or "",
+        auto_scaling_group_name=outputs["AutoScalingGroupName"],
+        log_group_name=outputs["LogGroupName"],
+        job_document_name=outputs["JobDocumentName"],
+        instance_type=outputs["InstanceType"],
+        node_count=node_count,
+        capacity_mode=outputs["CapacityMode"],
+        outputs=outputs,
+    )

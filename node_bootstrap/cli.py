@@ -1,0 +1,127 @@
+"""`python3 -m node_bootstrap {run,check}`: the boot sequence, and the node-verification check."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from typing import Callable
+
+from node_bootstrap.bootstrap import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    STEPS,
+    Node,
+    run_bootstrap,
+    select_steps,
+)
+from node_bootstrap.config import DEFAULT_CONFIG_PATH, ConfigError, NodeConfig, load_node_config
+from node_bootstrap.health import probe_commands, run_health_checks
+from node_bootstrap.host import Host
+from node_bootstrap.imds import Imds
+from node_bootstrap.logs import LOG_FILE, setup_logging
+from node_bootstrap.runner import Runner
+
+DESCRIPTION = """\
+Bootstrap and verify a GPU training node (stdlib only, Python >= 3.9).
+
+  run    the boot sequence user-data runs: {}
+  check  the health checks alone (GPUs, ECC, row remapping, Xid, EFA): run it before a costly job
+""".format(", ".join(STEPS))
+
+RUN_EPILOG = f"""\
+exit status: 0 ready (or dry-run plan complete); 1 failed, instance not marked (dry run, --skip signal, or
+tagging failed); 2 usage or node-config error; 3 failed, instance tagged cluster:bootstrap=failed and marked
+Unhealthy. Logs go to stdout and {LOG_FILE}."""
+
+CHECK_EPILOG = "exit status: 0 healthy, 1 unhealthy, 2 usage or node-config error."
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", default=DEFAULT_CONFIG_PATH, metavar="PATH",
+                        help="node config JSON, a path on the node (default: %(default)s)")
+    common.add_argument("--root", default="/", metavar="DIR",
+                        help="treat DIR as the node's / for every file read or written (tests; default: /)")
+
+    parser = argparse.ArgumentParser(prog="python3 -m node_bootstrap", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="{run,check}")
+    sub.required = True
+
+    run = sub.add_parser("run", parents=[common], help="run the boot sequence", epilog=RUN_EPILOG,
+                         description=f"Run the boot sequence: {', '.join(STEPS)}. Each step checks before "
+                                     "it acts, so running it again changes nothing.")
+    run.add_argument("--only", action="append", default=[], choices=STEPS, metavar="STEP",
+                     help=f"run only this step (repeatable); one of: {', '.join(STEPS)}")
+    run.add_argument("--skip", action="append", default=[], choices=STEPS, metavar="STEP",
+                     help="skip this step (repeatable); --skip signal sets no tag and no Unhealthy mark")
+    run.add_argument("--dry-run", action="store_true",
+                     help="print the plan (mutating commands and file changes) without executing it; "
+                          "read-only probes still run, so the plan reflects this machine")
+    run.add_argument("-v", "--verbose", action="store_true", help="also log every command run")
+
+    check = sub.add_parser("check", parents=[common], help="run the health checks only", epilog=CHECK_EPILOG,
+                           description="Check GPUs (count, memory, ECC, row remapping), Xid events since "
+                                       "boot and EFA devices against the node config's expected counts.")
+    check.add_argument("--dry-run", action="store_true",
+                       help="print the read-only commands the checks would run, without running them")
+    check.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, *, make_runner: Callable[[bool], Runner] | None = None,
+         imds: Imds | None = None, sleep: Callable[[float], None] = time.sleep) -> int:
+    """Entry point; the keyword arguments are the seams tests use (command runner, IMDS, sleep)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse exits 2 on bad usage and 0 for --help
+        return int(e.code or 0)
+    make_runner = make_runner or (lambda dry_run: Runner(dry_run=dry_run))
+    host = Host(args.root, dry_run=args.dry_run)
+    try:
+        config = load_node_config(host.path(args.config))
+    except ConfigError as e:
+        print(f"node_bootstrap: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    runner = make_runner(args.dry_run)
+    if args.command == "check":
+        return _check(args, config, runner)
+    return _run(args, config, host, runner, imds or Imds(), sleep)
+
+
+def _run(args, config: NodeConfig, host: Host, runner: Runner, imds: Imds, sleep) -> int:
+    try:
+        steps = select_steps(args.only, args.skip)
+    except ValueError as e:
+        print(f"node_bootstrap: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if not steps:
+        print("node_bootstrap: --only/--skip leave no step to run", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        setup_logging(host, to_file=not args.dry_run, verbose=args.verbose)
+    except OSError as e:
+        print(f"node_bootstrap: cannot open {LOG_FILE} under {args.root}: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    node = Node(config=config, host=host, runner=runner, imds=imds, sleep=sleep, dry_run=args.dry_run)
+    return run_bootstrap(node, steps)
+
+
+def _check(args, config: NodeConfig, runner: Runner) -> int:
+    if args.dry_run:
+        print("check would run these read-only commands:")
+        for argv in probe_commands(runner):
+            print(f"  $ {shlex.join(argv)}")
+        return EXIT_OK
+    report = run_health_checks(config.expected, config.instance_type, runner)
+    print(report.to_json() if args.json else report.format_table())
+    return EXIT_OK if report.healthy else EXIT_FAILED
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""The node config (/etc/cluster/node-config.json) as frozen dataclasses.
+
+The stack renders this file at synth time (cluster_constructs/node_config.py); its schema is
+docs/architecture.md section 2. Every missing or invalid key fails with one line that names the key, the value
+and what is allowed, because a node that guesses a default would be healthy-looking and wrong.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+DEFAULT_CONFIG_PATH = "/etc/cluster/node-config.json"
+SCHEMA_VERSION = 1
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """The node config is missing, unreadable or invalid; the message names the key."""
+
+
+@dataclass(frozen=True)
+class ExpectedHardware:
+    gpu_count: int  # GPUs nvidia-smi must list
+    gpu_memory_gib: int  # memory per GPU from the catalog
+    efa_interface_count: int  # EFA devices `fi_info -p efa` must list
+    nvme_device_count: int  # instance-store NVMe devices
+
+
+@dataclass(frozen=True)
+class ScratchConfig:
+    mount_point: str  # where the node's fast scratch lives, e.g. /scratch
+    dlami_mount_point: str  # where the DLAMI mounts the instance-store array before user-data runs
+
+
+@dataclass(frozen=True)
+class LustreConfig:
+    dns_name: str  # fs-....fsx.<region>.amazonaws.com
+    mount_name: str  # the file system's MountName
+    mount_point: str  # e.g. /fsx
+    efa_enabled: bool  # the file system was created with EFA support
+
+    @property
+    def source(self) -> str:
+        """The mount source, as the FSx User Guide writes it: dns@tcp:/mountname."""
+        return f"{self.dns_name}@tcp:/{self.mount_name}"
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    log_group_name: str
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    bundle_dir: str  # the unpacked bundle: node_bootstrap/, training/, cluster_constructs/
+    env_file: str  # KEY=value lines that jobs source
+    python: str  # the DLAMI's PyTorch interpreter
+    jobs_dir: str
+    job_log_dir: str
+    checkpoint_root: str
+    data_root: str
+    rendezvous_port: int
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    schema_version: int
+    stack_name: str
+    region: str
+    instance_type: str
+    expected: ExpectedHardware
+    scratch: ScratchConfig
+    lustre: LustreConfig
+    logging: LoggingConfig
+    training: TrainingConfig
+
+
+def load_node_config(path: str) -> NodeConfig:
+    """Read and validate the node config at `path` (a host path)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise ConfigError(f"cannot read node config {path}: {e.strerror or e}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"node config {path} is not valid JSON: {e}") from None
+    return parse_node_config(data)
+
+
+def parse_node_config(data: Any) -> NodeConfig:
+    """Build a NodeConfig from the decoded JSON document."""
+    r = _Reader(data, "")
+    version = r.integer("schemaVersion", minimum=1)
+    if version != SCHEMA_VERSION:
+        raise ConfigError(
+            f"schemaVersion={version} is not supported by this node_bootstrap; allowed: {SCHEMA_VERSION}"
+        )
+    expected = r.section("expected")
+    scratch = r.section("scratch")
+    lustre = r.section("lustre")
+    logging_ = r.section("logging")
+    training = r.section("training")
+    return NodeConfig(
+        schema_version=version,
+        stack_name=r.string("stackName"),
+        region=r.string("region"),
+        instance_type=r.string("instanceType"),
+        expected=ExpectedHardware(
+            gpu_count=expected.integer("gpuCount", minimum=1),
+            gpu_memory_gib=expected.integer("gpuMemoryGiB", minimum=1),
+            efa_interface_count=expected.integer("efaInterfaceCount", minimum=0),
+            nvme_device_count=expected.integer("nvmeDeviceCount", minimum=0),
+        ),
+        scratch=ScratchConfig(
+            mount_point=scratch.abs_path("mountPoint"),
+            dlami_mount_point=scratch.abs_path("dlamiMountPoint"),
+        ),
+        lustre=LustreConfig(
+            dns_name=lustre.string("dnsName"),
+            mount_name=lustre.string("mountName"),
+            mount_point=lustre.abs_path("mountPoint"),
+            efa_enabled=lustre.boolean("efaEnabled"),
+        ),
+        logging=LoggingConfig(log_group_name=logging_.string("logGroupName")),
+        training=TrainingConfig(
+            bundle_dir=training.abs_path("bundleDir"),
+            env_file=training.abs_path("envFile"),
+            python=training.abs_path("python"),
+            jobs_dir=training.abs_path("jobsDir"),
+            job_log_dir=training.abs_path("jobLogDir"),
+            checkpoint_root=training.abs_path("checkpointRoot"),
+            data_root=training.abs_path("dataRoot"),
+            rendezvous_port=training.integer("rendezvousPort", minimum=1, maximum=65535),
+        ),
+    )
+
+
+class _Reader:
+    """Typed access to one JSON object; errors carry the dotted key."""
+
+    def __init__(self, data: Any, prefix: str) -> None:
+        if not isinstance(data, dict):
+            where = prefix.rstrip(".") or "the node config"
+            raise ConfigError(f"{where} must be a JSON object, got {_json_type(data)}")
+        self._data: dict[str, Any] = data
+        self._prefix = prefix
+
+    def section(self, key: str) -> _Reader:
+        return _Reader(self._get(key, dict), self._prefix + key + ".")
+
+    def string(self, key: str) -> str:
+        value = self._get(key, str)
+        if not value.strip():
+            raise ConfigError(f"{self._prefix + key} must be a non-empty string, got {value!r}")
+        return value
+
+    def abs_path(self, key: str) -> str:
+        value = self.string(key)
+        if not value.startswith("/") or "\n" in value:
+            raise ConfigError(f"{self._prefix + key}={value!r} must be an absolute path (starting with /)")
+        return value.rstrip("/") or "/"
+
+    def integer(self, key: str, *, minimum: int, maximum: int = 2**31) -> int:
+        value = self._get(key, int)
+        if isinstance(value, bool) or not minimum <= value <= maximum:
+            raise ConfigError(
+                f"{self._prefix + key}={value!r} is out of range; "
+                f"allowed: an integer from {minimum} to {maximum}"
+            )
+        return value
+
+    def boolean(self, key: str) -> bool:
+        return self._get(key, bool)
+
+    def _get(self, key: str, kind: type[T]) -> T:
+        name = self._prefix + key
+        if key not in self._data:
+            raise ConfigError(f"missing key {name} in the node config")
+        value = self._data[key]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise ConfigError(
+                f"{name}={json.dumps(value)} has the wrong type; allowed: {_TYPE_NAMES[kind]}"
+            )
+        return value
+
+
+_TYPE_NAMES = {str: "a string", int: "an integer", bool: "true or false", dict: "a JSON object"}
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, list):
+        return "an array"
+    if value is None:
+        return "null"
+    return type(value).__name__

@@ -1,0 +1,242 @@
+"""Step 3, health: the gate a node passes before it takes jobs, and `python3 -m node_bootstrap check`.
+
+Checks, each ok / warn / fail (only a fail makes the node unhealthy):
+- gpu-count: nvidia-smi lists the catalog's GPU count;  gpu-memory: each GPU has the catalog's memory;
+- gpu-ecc: no uncorrectable ECC errors since the driver loaded; gpu-row-remap: no pending or failed row remap;
+- xid: no Xid that means the node must be replaced (application Xids only warn);
+- efa: `fi_info -p efa` lists the catalog's EFA device count.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from node_bootstrap.config import ExpectedHardware
+from node_bootstrap.efa import FI_INFO_ARGS, efa_rdm_domains
+from node_bootstrap.gpu import (
+    GPU_QUERY,
+    REMAP_QUERY,
+    GpuInfo,
+    GpuQueryError,
+    parse_gpu_query,
+    parse_remapped_rows,
+)
+from node_bootstrap.plan import StepError, StepPlan
+from node_bootstrap.runner import Runner
+from node_bootstrap.xid import APPLICATION, REPLACE_NODE, XidEvent, parse_xid_events
+
+OK, WARN, FAIL = "ok", "warn", "fail"
+GPU_MEMORY_TOLERANCE = 0.95  # nvidia-smi reports slightly less than the marketing size (H100 80GB: 81559 MiB)
+KERNEL_LOG_JOURNAL = ("journalctl", "-k", "-b", "0", "--no-pager", "-o", "short-iso")
+KERNEL_LOG_DMESG = ("dmesg",)
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # ok | warn | fail
+    detail: str
+
+
+@dataclass(frozen=True)
+class HealthReport:
+    instance_type: str
+    checks: tuple[Check, ...]
+    xid_events: tuple[XidEvent, ...]
+
+    @property
+    def healthy(self) -> bool:
+        return all(c.status != FAIL for c in self.checks)
+
+    @property
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks if c.status == FAIL]
+
+    def reason(self) -> str:
+        """One line naming every failed check, for the log and the instance tag."""
+        return "health gate failed: " + "; ".join(f"{c.name}: {c.detail}" for c in self.failures)
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "healthy": self.healthy,
+            "instanceType": self.instance_type,
+            "checks": [{"name": c.name, "status": c.status, "detail": c.detail} for c in self.checks],
+            "xidEvents": [
+                {"xid": e.xid, "pciBusId": e.pci_bus_id, "severity": e.severity, "meaning": e.meaning,
+                 "message": e.message}
+                for e in self.xid_events
+            ],
+        }, indent=2)
+
+    def format_table(self) -> str:
+        width = max([len("CHECK")] + [len(c.name) for c in self.checks])
+        lines = [f"{'CHECK':<{width}}  {'STATUS':<6}  DETAIL"]
+        lines += [f"{c.name:<{width}}  {c.status.upper():<6}  {c.detail}" for c in self.checks]
+        lines.append("")
+        lines.append("{}: {}".format(self.instance_type, "HEALTHY" if self.healthy else "UNHEALTHY"))
+        return "\n".join(lines)
+
+
+class HealthGateFailed(StepError):
+    def __init__(self, report: HealthReport) -> None:
+        super().__init__(report.reason())
+        self.report = report
+
+
+def probe_commands(runner: Runner) -> list[tuple[str, ...]]:
+    """The read-only commands the checks run, for `check --dry-run`."""
+    fi_info = (_fi_info(runner) or "fi_info",) + FI_INFO_ARGS
+    return [GPU_QUERY, REMAP_QUERY, _kernel_log_command(runner), fi_info]
+
+
+def run_health_checks(expected: ExpectedHardware, instance_type: str, runner: Runner) -> HealthReport:
+    checks: list[Check] = []
+    gpus = _check_gpus(expected, runner, checks)
+    if gpus is not None:
+        _check_row_remap(runner, checks)
+    events = _check_xids(runner, checks)
+    _check_efa(expected, runner, checks)
+    return HealthReport(instance_type, tuple(checks), tuple(events))
+
+
+def plan_health(expected: ExpectedHardware, instance_type: str, runner: Runner) -> StepPlan:
+    """The gate: raises HealthGateFailed (naming every failed check) when the node is unhealthy."""
+    report = run_health_checks(expected, instance_type, runner)
+    plan = StepPlan("health")
+    for check in report.checks:
+        plan.note(f"{check.status.upper()} {check.name}: {check.detail}")
+    if not report.healthy:
+        raise HealthGateFailed(report)
+    return plan
+
+
+def _check_gpus(expected: ExpectedHardware, runner: Runner, checks: list[Check]) -> list[GpuInfo] | None:
+    if runner.which("nvidia-smi") is None:
+        checks.append(Check("gpu-count", FAIL, "nvidia-smi not found: is the NVIDIA driver installed?"))
+        return None
+    result = runner.run(GPU_QUERY, mutating=False, check=False)
+    if not result.ok:
+        checks.append(Check("gpu-count", FAIL, result.describe_failure()))
+        return None
+    try:
+        gpus = parse_gpu_query(result.stdout)
+    except GpuQueryError as e:
+        checks.append(Check("gpu-count", FAIL, str(e)))
+        return None
+    names = sorted({g.name for g in gpus})
+    count_ok = len(gpus) == expected.gpu_count
+    detail = f"{len(gpus)} GPUs ({', '.join(names) or 'none'}), expected {expected.gpu_count}"
+    checks.append(Check("gpu-count", OK if count_ok else FAIL, detail))
+
+    floor_mib = expected.gpu_memory_gib * 1024 * GPU_MEMORY_TOLERANCE
+    small = [g for g in gpus if g.memory_total_mib is not None and g.memory_total_mib < floor_mib]
+    unknown = [g for g in gpus if g.memory_total_mib is None]
+    if small:
+        checks.append(Check("gpu-memory", FAIL, "; ".join(
+            f"GPU {g.index} has {g.memory_total_mib} MiB, expected about {expected.gpu_memory_gib} GiB"
+            for g in small)))
+    elif unknown:
+        checks.append(Check("gpu-memory", WARN, f"memory not reported for GPU {_indexes(unknown)}"))
+    elif gpus:
+        checks.append(Check("gpu-memory", OK, f"every GPU has at least {int(floor_mib / 1024)} GiB"))
+
+    bad = [g for g in gpus if g.ecc_uncorrected_volatile]
+    no_counters = [g for g in gpus if g.ecc_uncorrected_volatile is None]
+    if bad:
+        checks.append(Check("gpu-ecc", FAIL, "; ".join(
+            f"GPU {g.index} ({g.pci_bus_id}): {g.ecc_uncorrected_volatile} uncorrectable ECC errors"
+            for g in bad)))
+    elif no_counters:
+        checks.append(Check("gpu-ecc", WARN,
+                            f"ECC counters not available for GPU {_indexes(no_counters)} (ECC disabled?)"))
+    elif gpus:
+        checks.append(Check("gpu-ecc", OK, "no uncorrectable ECC errors"))
+    return gpus
+
+
+def _check_row_remap(runner: Runner, checks: list[Check]) -> None:
+    result = runner.run(REMAP_QUERY, mutating=False, check=False)
+    if not result.ok:
+        detail = f"row remapping not queryable: {result.describe_failure()}"
+        checks.append(Check("gpu-row-remap", WARN, detail))
+        return
+    try:
+        rows = parse_remapped_rows(result.stdout)
+    except GpuQueryError as e:
+        checks.append(Check("gpu-row-remap", WARN, str(e)))
+        return
+    failed = [r.pci_bus_id for r in rows if r.failure]
+    pending = [r.pci_bus_id for r in rows if r.pending]
+    if failed or pending:
+        detail = []
+        if failed:
+            detail.append("row remapping failed (no spare rows) on {}".format(", ".join(failed)))
+        if pending:
+            detail.append("row remap pending (needs a GPU reset) on {}".format(", ".join(pending)))
+        checks.append(Check("gpu-row-remap", FAIL, "; ".join(detail)))
+    else:
+        checks.append(Check("gpu-row-remap", OK, "no pending or failed row remapping"))
+
+
+def _check_xids(runner: Runner, checks: list[Check]) -> list[XidEvent]:
+    command = _kernel_log_command(runner)
+    result = runner.run(command, mutating=False, check=False)
+    if not result.ok:
+        checks.append(Check("xid", WARN, "kernel log not readable: " + result.describe_failure()))
+        return []
+    events = parse_xid_events(result.stdout)
+    fatal = [e for e in events if e.severity == REPLACE_NODE]
+    app = [e for e in events if e.severity == APPLICATION]
+    other = [e for e in events if e.severity not in (REPLACE_NODE, APPLICATION)]
+    if fatal:
+        checks.append(Check("xid", FAIL, "node must be replaced: " + _summarize(fatal)))
+    elif app or other:
+        parts = (["application faults: " + _summarize(app)] if app else []) + (
+            ["unclassified: " + _summarize(other)] if other else [])
+        checks.append(Check("xid", WARN, "; ".join(parts)))
+    else:
+        checks.append(Check("xid", OK, "no Xid events since boot"))
+    return events
+
+
+def _check_efa(expected: ExpectedHardware, runner: Runner, checks: list[Check]) -> None:
+    if expected.efa_interface_count == 0:
+        checks.append(Check("efa", OK, "no EFA devices expected"))
+        return
+    fi_info = _fi_info(runner)
+    if fi_info is None:
+        checks.append(Check("efa", FAIL, "fi_info not found (EFA software not installed?); "
+                                         f"expected {expected.efa_interface_count} devices"))
+        return
+    result = runner.run((fi_info,) + FI_INFO_ARGS, mutating=False, check=False)
+    # fi_info exits non-zero with "fi_getinfo: -61 (No data available)" when it finds no EFA device.
+    domains = efa_rdm_domains(result.stdout) if result.ok else []
+    status = OK if len(domains) == expected.efa_interface_count else FAIL
+    detail = f"{len(domains)} EFA devices, expected {expected.efa_interface_count}"
+    if not result.ok:
+        detail += f" ({result.describe_failure()})"
+    checks.append(Check("efa", status, detail))
+
+
+def _fi_info(runner: Runner) -> str | None:
+    return runner.which("fi_info")  # the EFA installer puts it in /opt/amazon/efa/bin (in EXTRA_TOOL_DIRS)
+
+
+def _kernel_log_command(runner: Runner) -> tuple[str, ...]:
+    # The journal keeps the whole boot; dmesg's ring buffer may have rotated early Xids out on a busy node.
+    return KERNEL_LOG_JOURNAL if runner.which("journalctl") is not None else KERNEL_LOG_DMESG
+
+
+def _summarize(events: list[XidEvent]) -> str:
+    seen = []
+    for e in events:
+        text = e.describe()
+        if text not in seen:
+            seen.append(text)
+    more = f" ({len(events)} events)" if len(events) > len(seen) else ""
+    return ", ".join(seen) + more
+
+
+def _indexes(gpus: list[GpuInfo]) -> str:
+    return ", ".join(str(g.index) for g in gpus)

@@ -1,0 +1,99 @@
+"""Step 4, training: make the bundled training package importable in the DLAMI's PyTorch environment, and
+write the environment jobs source (/etc/cluster/training.env).
+
+The bundle is already unpacked by user-data; a `.pth` file in the interpreter's site-packages puts the bundle
+directory on its sys.path (Python docs, `site` module: "path configuration files"), so `import training` works
+for every process of that interpreter, torchrun's workers included.
+
+Environment, with sources:
+- FI_PROVIDER=efa: pins libfabric to the EFA provider so NCCL never falls back to TCP sockets silently.
+- FI_EFA_USE_DEVICE_RDMA=1: GPUDirect RDMA over EFA; p4d/p5 support it, and aws-ofi-nccl's EFA cheatsheet
+  (doc/efa-env-var.md) says it is "not harmful to set it on p4/p5 instances" with current libfabric, where it
+  is also the default. Every instance type in the catalog (p4d, p4de, p5, p5e, p5en, p6-b200) supports RDMA.
+- NCCL_SOCKET_IFNAME=^lo,docker,veth: NCCL's bootstrap sockets never pick loopback or container bridges
+  (NCCL docs, Environment Variables: a leading ^ excludes interfaces by prefix).
+- Deliberately not set: NCCL_PROTO (aws-ofi-nccl >= 1.6 needs no override; the cheatsheet limits
+  NCCL_PROTO=simple to aws-ofi-nccl <= 1.5), NCCL_BUFFSIZE and NCCL_MIN_NCHANNELS (the cheatsheet recommends
+  the defaults), RDMAV_FORK_SAFE (the cheatsheet: "Do not use").
+"""
+
+from __future__ import annotations
+
+import re
+
+from node_bootstrap.config import NodeConfig
+from node_bootstrap.host import Host
+from node_bootstrap.plan import StepError, StepPlan
+from node_bootstrap.runner import Runner
+
+PTH_FILE_NAME = "cluster-bundle.pth"
+_PURELIB = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+_SAFE_VALUE = re.compile(r"^[A-Za-z0-9_./:,^=+@%-]*$")
+
+
+def build_training_env(config: NodeConfig) -> dict[str, str]:
+    """The variables jobs need, in a stable order."""
+    return {
+        "FI_PROVIDER": "efa",
+        "FI_EFA_USE_DEVICE_RDMA": "1",
+        "NCCL_SOCKET_IFNAME": "^lo,docker,veth",
+        "PYTHONPATH": config.training.bundle_dir,
+        "CLUSTER_INSTANCE_TYPE": config.instance_type,  # training reads it for its MFU peak
+        "CLUSTER_STACK_NAME": config.stack_name,
+        "CLUSTER_PYTHON": config.training.python,
+        "CHECKPOINT_ROOT": config.training.checkpoint_root,
+        "DATA_ROOT": config.training.data_root,
+        "SCRATCH_DIR": config.scratch.mount_point,
+    }
+
+
+def render_env_file(env: dict[str, str]) -> str:
+    """KEY=value lines that both `set -a; . file` (bash) and systemd's EnvironmentFile= read the same way."""
+    lines: list[str] = [
+        "# Written by node_bootstrap (training step) on every run; edits are overwritten.",
+        "# Jobs load it with: set -a; . /etc/cluster/training.env; set +a",
+    ]
+    for key, value in env.items():
+        lines.append(f"{key}={value if _SAFE_VALUE.match(value) else _single_quote(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def plan_training(config: NodeConfig, host: Host, runner: Runner) -> StepPlan:
+    training = config.training
+    plan = StepPlan("training")
+    if not host.exists(training.bundle_dir + "/training/__init__.py"):
+        raise StepError(f"the bundle at {training.bundle_dir} has no training package "
+                        "(training/__init__.py); did user-data unpack the bundle?")
+    if not host.exists(training.python):
+        raise StepError(f"training.python={training.python} does not exist: "
+                        "is this the Deep Learning AMI with PyTorch?")
+
+    env_text = render_env_file(build_training_env(config))
+    if host.read_text(training.env_file, default="") != env_text:
+        plan.add(f"write {training.env_file} (EFA/NCCL settings, PYTHONPATH, data and checkpoint roots)",
+                 apply=lambda: host.write_text(training.env_file, env_text))
+
+    result = runner.run([host.path(training.python), "-c", _PURELIB], mutating=False, check=False)
+    purelib = result.stdout.strip()
+    if not result.ok or not purelib.startswith("/"):
+        raise StepError(f"cannot find the site-packages of {training.python}: {result.describe_failure()}")
+    # The interpreter runs on the node, so it prints a node path (the same as the host path when root is /).
+    pth_node = purelib.rstrip("/") + "/" + PTH_FILE_NAME
+    pth_text = training.bundle_dir + "\n"
+    if host.read_text(pth_node, default="") != pth_text:
+        plan.add(f"put the bundle on {training.python}'s sys.path with {pth_node}",
+                 apply=lambda: host.write_text(pth_node, pth_text))
+    plan.verify = lambda: _verify_import(host, runner, training.python)
+    return plan
+
+
+def _verify_import(host: Host, runner: Runner, python: str) -> None:
+    result = runner.run([host.path(python), "-c", "import training"], mutating=False, check=False)
+    if not result.ok:
+        raise StepError(f"the training package does not import in {python}: {result.describe_failure()}")
+
+
+def _single_quote(value: str) -> str:
+    if "'" in value or "\n" in value:
+        raise StepError(f"cannot write {value!r} to the env file: quotes and newlines are not allowed")
+    return f"'{value}'"

@@ -1,0 +1,39 @@
+"""The node config is the contract between stack and node: pinned by a golden file, and readable by the
+node's own loader (node_bootstrap.config)."""
+
+import json
+from pathlib import Path
+
+from cdk_support import build_settings
+
+from cluster_constructs.node_config import render_node_config
+from node_bootstrap.config import parse_node_config
+
+GOLDEN = Path(__file__).parent / "golden" / "node-config.json"
+
+
+def _rendered(**overrides) -> dict:
+    settings = build_settings(**overrides)
+    return render_node_config(
+        stack_name="TrainingClusterStack", region=settings.region, compute=settings.compute,
+        storage=settings.storage, file_system_dns_name="fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com",
+        file_system_mount_name="abcdefgh", log_group_name="/training-cluster/TrainingClusterStack",
+    )
+
+
+def test_matches_golden_file():
+    # To update after a deliberate schema change: bump SCHEMA_VERSION, then regenerate this file.
+    assert _rendered() == json.loads(GOLDEN.read_text())
+
+
+def test_expected_counts_come_from_the_catalog():
+    config = _rendered(instanceType="p5en.48xlarge", fsxEfaEnabled="true", scratchMountPoint="/local")
+    assert config["expected"] == {"gpuCount": 8, "gpuMemoryGiB": 141, "efaInterfaceCount": 16,
+                                  "nvmeDeviceCount": 8}
+    assert config["lustre"]["efaEnabled"] is True
+    assert config["scratch"]["mountPoint"] == "/local"
+
+
+def test_node_side_parser_accepts_what_the_stack_renders():
+    config = parse_node_config(json.loads(json.dumps(_rendered(instanceType="p4d.24xlarge"))))
+    assert config.expected.efa_interface_count == 4

@@ -1,0 +1,128 @@
+"""nodes and submit against moto: Auto Scaling, EC2 tags, CloudFormation outputs, SSM SendCommand."""
+
+import re
+
+import boto3
+
+from clusterctl.aws import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+
+REGION = "us-east-1"
+
+
+def test_nodes_lists_readiness_in_private_ip_order(cli, sent, cluster):
+    cluster.tag(1, **{"cluster:bootstrap": "failed", "cluster:bootstrap-reason": "expected 8 GPUs, found 7"})
+    boto3.client("autoscaling", region_name=REGION).set_instance_health(
+        InstanceId=cluster.instance_ids[2], HealthStatus="Unhealthy"
+    )
+    result = cli("nodes", "--stack", "TrainingClusterStack")
+    assert result.code == EXIT_OK, result.err
+    header, *rows, summary = result.lines
+    assert header.split() == ["INSTANCE", "PRIVATE", "IP", "AZ", "LIFECYCLE", "HEALTH", "BOOTSTRAP", "READY"]
+    assert [r.split()[0] for r in rows] == cluster.instance_ids
+    assert rows[0].split()[1:] == [
+        cluster.private_ips[0],
+        "us-east-1a",
+        "InService",
+        "Healthy",
+        "ready",
+        "yes",
+    ]
+    assert rows[1].endswith("no: bootstrap failed: expected 8 GPUs, found 7")
+    assert rows[2].endswith("no: health Unhealthy")
+    assert summary == "1 of 3 nodes ready (TrainingClusterStack: 3 x p5.48xlarge, capacity on-demand)"
+
+
+def test_submit_sends_one_command_to_every_ready_node(cli, sent, cluster, fakes):
+    result = cli(
+        "submit",
+        "--config",
+        "training/configs/tiny-cpu.toml",
+        "--set",
+        "optim.lr=3e-4",
+        "--set",
+        "train.steps=100",
+        "--max-restarts",
+        "2",
+    )
+    assert result.code == EXIT_OK, result.err
+    job_id = result.lines[0]
+    assert re.fullmatch(r"j-\d{8}-\d{6}-[0-9a-f]{4}", job_id)
+    assert result.lines[1] == (
+        f"started on 3 x p5.48xlarge (8 GPUs each), rendezvous {cluster.private_ips[0]}; "
+        f"follow it with: clusterctl logs {job_id} --follow"
+    )
+    (command,) = sent
+    assert command["DocumentName"] == fakes.DOCUMENT and command["DocumentVersion"] == "$LATEST"
+    assert command["InstanceIds"] == cluster.instance_ids
+    assert command["Parameters"] == {
+        "action": ["start"],
+        "jobId": [job_id],
+        "config": ["training/configs/tiny-cpu.toml"],
+        "nodes": ["3"],
+        "gpusPerNode": ["8"],
+        "rendezvousHost": [cluster.private_ips[0]],
+        "maxRestarts": ["2"],
+        "overrides": ["optim.lr=3e-4 train.steps=100"],
+    }
+    assert command["Comment"] == f"clusterctl start {job_id}"
+
+
+def test_submit_uses_the_first_ready_nodes_when_fewer_are_asked(cli, sent, cluster):
+    cluster.tag(0, **{"cluster:bootstrap": "running"})
+    result = cli("submit", "--config", "training/configs/tiny-cpu.toml", "--nodes", "2")
+    assert result.code == EXIT_OK, result.err
+    (command,) = sent
+    assert command["InstanceIds"] == cluster.instance_ids[1:]
+    assert command["Parameters"]["rendezvousHost"] == [cluster.private_ips[1]]
+    assert command["Parameters"]["nodes"] == ["2"]
+
+
+def test_submit_refuses_when_nodes_are_not_ready(cli, sent, cluster):
+    cluster.tag(2, **{"cluster:bootstrap": "running"})
+    result = cli("submit", "--config", "training/configs/tiny-cpu.toml")
+    assert result.code == EXIT_FAILED
+    assert result.err.strip() == (
+        "clusterctl: error: not submitted: 3 nodes asked, 2 of 3 ready "
+        f"(not ready: {cluster.instance_ids[2]}: bootstrap running); see clusterctl nodes"
+    )
+    assert sent == []
+
+
+def test_submit_refuses_more_nodes_than_the_cluster_has(cli, sent, cluster):
+    result = cli("submit", "--config", "training/configs/tiny-cpu.toml", "--nodes", "4")
+    assert result.code == EXIT_FAILED and "4 nodes asked, 3 of 3 ready" in result.err
+    assert sent == []
+
+
+def test_submit_refuses_an_empty_group(cli, sent, moto_aws, fakes):
+    fakes.deploy_fake_cluster(nodes=0, capacity_mode="capacity-block")
+    result = cli("submit", "--config", "training/configs/tiny-cpu.toml", "--nodes", "1")
+    assert result.code == EXIT_FAILED
+    assert "the cluster has no nodes" in result.err and "nodes launch when the block starts" in result.err
+
+
+def test_submit_refuses_untagged_nodes(cli, sent, moto_aws, fakes):
+    cluster = fakes.deploy_fake_cluster(nodes=1, bootstrap=None)
+    result = cli("submit", "--config", "training/configs/tiny-cpu.toml")
+    assert result.code == EXIT_FAILED and f"{cluster.instance_ids[0]}: bootstrap not started" in result.err
+
+
+def test_submit_rejects_bad_input_before_any_aws_call(cli, sent, cluster):
+    bad_set = cli("submit", "--config", "training/configs/tiny-cpu.toml", "--set", "optim.lr=$(id)")
+    assert bad_set.code == EXIT_USAGE and "--set 'optim.lr=$(id)': allowed: key=value" in bad_set.err
+    bad_config = cli("submit", "--config", "training/configs/nope.toml")
+    assert bad_config.code == EXIT_USAGE
+    assert (
+        "--config='training/configs/nope.toml': not in the bundle; allowed: training/configs/"
+        in bad_config.err
+    )
+    assert cli("submit", "--config", "x.yaml").code == EXIT_USAGE
+    assert sent == []
+
+
+def test_nodes_of_a_group_that_is_gone(cli, sent, cluster, fakes):
+    boto3.client("autoscaling", region_name=REGION).delete_auto_scaling_group(
+        AutoScalingGroupName=fakes.GROUP, ForceDelete=True
+    )
+    result = cli("nodes")
+    assert result.code == 4 and f"Auto Scaling group {fakes.GROUP}" in result.err

@@ -1,0 +1,281 @@
+"""status and cancel: the stack, group and instances in moto; SSM through a Stubber (moto answers every
+invocation with empty output), fed with what node_bootstrap.jobs really prints on a fake node root here."""
+
+import datetime
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import boto3
+import pytest
+from botocore.stub import ANY, Stubber
+
+from clusterctl.aws import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+
+REPO = Path(__file__).resolve().parents[2]
+JOB = "j-20261120-231502-ab12"
+COMMAND_ID = "11111111-2222-3333-4444-555555555555"
+START_ID = "99999999-2222-3333-4444-555555555555"
+
+STAND_IN = """\
+#!{python}
+import json, os, signal, sys, time
+for step in (10, 20):
+    print(json.dumps({{"event": "step", "step": step, "loss": 3.0 - step / 10}}), flush=True)
+if os.environ["FAKE_MODE"] == "exit":
+    sys.exit(int(os.environ["FAKE_EXIT_CODE"]))
+signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+while True:
+    time.sleep(0.05)
+"""
+
+
+class FakeNode:
+    """A node root with the node config and a stand-in for torchrun's python, driven through the real CLI."""
+
+    def __init__(self, root: Path, mode: str, exit_code: int = 0):
+        self.root = root
+        (root / "etc/cluster").mkdir(parents=True)
+        (root / "etc/cluster/node-config.json").write_text(
+            json.dumps(
+                {
+                    "logging": {"logGroupName": "/training-cluster/TrainingClusterStack"},
+                    "training": {
+                        "bundleDir": "/opt/cluster/bundle",
+                        "envFile": "/etc/cluster/training.env",
+                        "python": "/opt/pytorch/bin/python",
+                        "jobsDir": "/var/lib/cluster/jobs",
+                        "jobLogDir": "/var/log/cluster/jobs",
+                        "checkpointRoot": "/fsx/checkpoints",
+                        "rendezvousPort": 29400,
+                    },
+                }
+            )
+        )
+        (root / "etc/cluster/training.env").write_text(f"FAKE_MODE={mode}\nFAKE_EXIT_CODE={exit_code}\n")
+        (root / "opt/cluster/bundle").mkdir(parents=True)
+        python = root / "opt/pytorch/bin/python"
+        python.parent.mkdir(parents=True)
+        python.write_text(STAND_IN.format(python=sys.executable))
+        python.chmod(0o755)
+
+    def run(self, *args):
+        result = subprocess.run(
+            [sys.executable, "-m", "node_bootstrap.jobs", "--root", str(self.root), *args],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        return result.stdout, result.returncode
+
+    def start(self):
+        self.run(
+            "start",
+            "--job-id",
+            JOB,
+            "--config",
+            "training/configs/tiny-cpu.toml",
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "8",
+            "--rendezvous-host",
+            "10.42.1.4",
+            "--launcher",
+            "direct",
+        )
+
+    def wait_ended(self):
+        status_path = self.root / "var/lib/cluster/jobs" / JOB / "status.json"
+        deadline = time.monotonic() + 20
+        while json.loads(status_path.read_text())["state"] == "running":
+            assert time.monotonic() < deadline, "stand-in job did not end"
+            time.sleep(0.05)
+
+
+def invocation(instance_id, status, stdout, code):
+    return {
+        "CommandId": COMMAND_ID,
+        "InstanceId": instance_id,
+        "Status": status,
+        "ResponseCode": code,
+        "StandardOutputContent": stdout,
+        "StandardErrorContent": "",
+    }
+
+
+@pytest.fixture()
+def ssm_stub(cli):
+    client = boto3.client("ssm", region_name="us-east-1")
+    cli.context.clients["ssm"] = client
+    with Stubber(client) as stubber:
+        yield stubber
+        stubber.assert_no_pending_responses()
+
+
+def expect_job_lookup(stub, fakes, instance_ids):
+    stub.add_response(
+        "list_commands",
+        {
+            "Commands": [
+                {
+                    "CommandId": START_ID,
+                    "DocumentName": fakes.DOCUMENT,
+                    "InstanceIds": instance_ids,
+                    "Parameters": {"action": ["start"], "jobId": [JOB]},
+                    "RequestedDateTime": datetime.datetime(2026, 11, 20, 23, 15, 3, tzinfo=datetime.UTC),
+                },
+                {
+                    "CommandId": COMMAND_ID,
+                    "DocumentName": fakes.DOCUMENT,
+                    "InstanceIds": instance_ids,
+                    "Parameters": {"action": ["start"], "jobId": ["j-20261120-231502-ffff"]},
+                    "RequestedDateTime": datetime.datetime(2026, 11, 20, 23, 15, 3, tzinfo=datetime.UTC),
+                },
+            ]
+        },
+        {
+            "Filters": [
+                {"key": "DocumentName", "value": fakes.DOCUMENT},
+                {"key": "InvokedAfter", "value": "2026-11-20T22:15:02Z"},
+            ]
+        },
+    )
+
+
+def test_status_reports_each_nodes_state_step_and_loss(cli, cluster, fakes, ssm_stub, tmp_path):
+    ok, failed = FakeNode(tmp_path / "a", "exit", 0), FakeNode(tmp_path / "b", "exit", 3)
+    for node in (ok, failed):
+        node.start()
+        node.wait_ended()
+    ok_out, ok_code = ok.run("status", "--job-id", JOB)
+    failed_out, failed_code = failed.run("status", "--job-id", JOB)
+    missing_out, missing_code = FakeNode(tmp_path / "c", "exit").run("status", "--job-id", JOB)
+    assert (ok_code, failed_code, missing_code) == (0, 0, 3)
+
+    a, b, c = sorted(cluster.instance_ids)
+    expect_job_lookup(ssm_stub, fakes, [a, b, c])
+    ssm_stub.add_response(
+        "send_command",
+        {"Command": {"CommandId": COMMAND_ID}},
+        {
+            "DocumentName": fakes.DOCUMENT,
+            "DocumentVersion": "$LATEST",
+            "InstanceIds": [a, b, c],
+            "Parameters": {"action": ["status"], "jobId": [JOB]},
+            "Comment": f"clusterctl status {JOB}",
+            "TimeoutSeconds": 120,
+        },
+    )
+    # The first poll comes before SSM has the invocations; the second finds one still running.
+    ssm_stub.add_client_error(
+        "get_command_invocation",
+        "InvocationDoesNotExist",
+        expected_params={"CommandId": COMMAND_ID, "InstanceId": a},
+    )
+    ssm_stub.add_response(
+        "get_command_invocation",
+        invocation(b, "InProgress", "", -1),
+        {"CommandId": COMMAND_ID, "InstanceId": b},
+    )
+    ssm_stub.add_response(
+        "get_command_invocation",
+        invocation(c, "Failed", missing_out, missing_code),
+        {"CommandId": COMMAND_ID, "InstanceId": c},
+    )
+    ssm_stub.add_response(
+        "get_command_invocation",
+        invocation(a, "Success", ok_out, 0),
+        {"CommandId": COMMAND_ID, "InstanceId": a},
+    )
+    ssm_stub.add_response(
+        "get_command_invocation",
+        invocation(b, "Success", failed_out, 0),
+        {"CommandId": COMMAND_ID, "InstanceId": b},
+    )
+
+    result = cli("status", JOB)
+    assert result.code == EXIT_OK, result.err
+    assert cli.sleeps == [2.0]
+    header, row_a, row_b, row_c, summary = result.lines
+    assert header.split() == ["INSTANCE", "STATE", "EXIT", "STEP", "LOSS", "STARTED", "ENDED", "DETAIL"]
+    assert row_a.split()[:5] == [a, "succeeded", "0", "20", "1.0"]
+    assert row_b.split()[:5] == [b, "failed", "3", "20", "1.0"]
+    assert row_c.split()[:5] == [c, "not-found", "-", "-", "-"]
+    assert f"no job {JOB} on this node" in row_c
+    assert summary == f"job {JOB}: failed (3 nodes)"
+
+
+def test_cancel_stops_a_running_job_through_sigterm(cli, cluster, fakes, ssm_stub, tmp_path):
+    node = FakeNode(tmp_path / "a", "until-sigterm")
+    node.start()
+    cancel_out, code = node.run("cancel", "--job-id", JOB, "--timeout-seconds", "30")
+    assert code == 0
+    a = cluster.instance_ids[0]
+    expect_job_lookup(ssm_stub, fakes, [a])
+    ssm_stub.add_response(
+        "send_command",
+        {"Command": {"CommandId": COMMAND_ID}},
+        {
+            "DocumentName": fakes.DOCUMENT,
+            "DocumentVersion": "$LATEST",
+            "InstanceIds": [a],
+            "Parameters": {"action": ["cancel"], "jobId": [JOB], "cancelTimeoutSeconds": ["30"]},
+            "Comment": f"clusterctl cancel {JOB}",
+            "TimeoutSeconds": ANY,
+        },
+    )
+    ssm_stub.add_response(
+        "get_command_invocation",
+        invocation(a, "Success", cancel_out, 0),
+        {"CommandId": COMMAND_ID, "InstanceId": a},
+    )
+    result = cli("cancel", JOB, "--timeout-seconds", "30", "--json")
+    assert result.code == EXIT_OK, result.err
+    report = json.loads(result.out)
+    assert report["state"] == "cancelled"
+    (state,) = report["nodes"]
+    assert (
+        state["state"] == "cancelled" and state["exit_code"] == 0 and state["detail"] == "stopped by SIGTERM"
+    )
+
+
+def test_status_of_a_node_that_does_not_answer(cli, cluster, fakes, ssm_stub):
+    a = cluster.instance_ids[0]
+    expect_job_lookup(ssm_stub, fakes, [a])
+    ssm_stub.add_response(
+        "send_command",
+        {"Command": {"CommandId": COMMAND_ID}},
+        {
+            "DocumentName": fakes.DOCUMENT,
+            "DocumentVersion": "$LATEST",
+            "InstanceIds": [a],
+            "Parameters": {"action": ["status"], "jobId": [JOB]},
+            "Comment": ANY,
+            "TimeoutSeconds": 120,
+        },
+    )
+    for _ in range(61):  # polled every 2 s for the 120 s timeout
+        ssm_stub.add_response("get_command_invocation", invocation(a, "Pending", "", -1))
+    result = cli("status", JOB)
+    assert result.code == EXIT_OK
+    assert result.lines[1].split()[:2] == [a, "unknown"] and "no answer within 120 s" in result.lines[1]
+    assert result.lines[-1] == f"job {JOB}: unknown (1 nodes)"
+
+
+def test_status_rejects_a_malformed_job_id(cli, moto_aws):
+    result = cli("status", "J;reboot")
+    assert result.code == EXIT_USAGE and "job id 'J;reboot': allowed" in result.err
+
+
+def test_cancel_of_an_unknown_job_asks_the_in_service_nodes(cli, cluster, sent):
+    # moto's ListCommands has no start command for this job: every in-service node is asked.
+    result = cli("cancel", "j-20261120-000000-0000")
+    (command,) = sent
+    assert command["InstanceIds"] == cluster.instance_ids
+    assert command["Parameters"]["action"] == ["cancel"]
+    # moto answers with empty output: the nodes' state is unknown, and cancel says so with exit 1.
+    assert result.code == EXIT_FAILED and "unknown" in result.out

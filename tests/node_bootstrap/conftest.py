@@ -1,0 +1,371 @@
+"""A fake P5 node for node_bootstrap's tests: a fake root on disk and a command runner that answers like the
+real tools (from the recorded formats in fixtures/) and changes the fake machine the way the real commands
+would (mdadm --create makes an array, mkfs writes a signature, mount adds a /proc/mounts line).
+
+The code under test is the real node_bootstrap: only the external binaries are replaced.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from node_bootstrap.config import parse_node_config
+from node_bootstrap.host import Host
+from node_bootstrap.imds import InstanceIdentity
+from node_bootstrap.runner import CommandResult, Runner
+
+FIXTURES = Path(__file__).parent / "fixtures"
+INSTANCE_ID = "i-0a1b2c3d4e5f60718"
+REGION = "us-east-1"
+KERNEL = "6.1.128-136.201.amzn2023.x86_64"
+SITE_PACKAGES = "/opt/pytorch/lib/python3.12/site-packages"  # what the DLAMI interpreter prints (a node path)
+
+
+def fixture_text(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+def node_config_dict(**overrides) -> dict:
+    """The node config the stack renders for p5.48xlarge (docs/architecture.md section 2)."""
+    config = {
+        "schemaVersion": 1,
+        "stackName": "TrainingClusterStack",
+        "region": REGION,
+        "instanceType": "p5.48xlarge",
+        "expected": {"gpuCount": 8, "gpuMemoryGiB": 80, "efaInterfaceCount": 32, "nvmeDeviceCount": 8},
+        "scratch": {"mountPoint": "/scratch", "dlamiMountPoint": "/opt/dlami/nvme"},
+        "lustre": {"dnsName": "fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com", "mountName": "abcdefgh",
+                   "mountPoint": "/fsx", "efaEnabled": False},
+        "logging": {"logGroupName": "/training-cluster/TrainingClusterStack"},
+        "training": {"bundleDir": "/opt/cluster/bundle", "envFile": "/etc/cluster/training.env",
+                     "python": "/opt/pytorch/bin/python", "jobsDir": "/var/lib/cluster/jobs",
+                     "jobLogDir": "/var/log/cluster/jobs", "checkpointRoot": "/fsx/checkpoints",
+                     "dataRoot": "/fsx/data", "rendezvousPort": 29400},
+    }
+    for dotted, value in overrides.items():
+        section, _, key = dotted.partition(".")
+        if key:
+            config[section][key] = value
+        else:
+            config[section] = value
+    return config
+
+
+class FakeRunner(Runner):
+    """The real Runner (recording, dry-run) with `_execute` answered by per-tool handlers."""
+
+    def __init__(self, *, dry_run: bool = False, print_fn=print) -> None:
+        super().__init__(dry_run=dry_run, print_fn=print_fn)
+        self.handlers = {}  # tool basename -> handler(argv list) -> (rc, stdout[, stderr])
+        self.on_path = set()  # tools `which` finds
+
+    def on(self, tool: str, handler, *, on_path: bool = True) -> None:
+        self.handlers[tool] = handler
+        if on_path:
+            self.on_path.add(tool)
+
+    def which(self, name, extra_dirs=()):
+        return "/usr/bin/" + name if name in self.on_path else None
+
+    def _execute(self, argv, timeout, input_text):
+        tool = os.path.basename(argv[0])
+        handler = self.handlers.get(tool)
+        if handler is None:
+            return CommandResult(argv, 127, "", f"{tool}: command not found")
+        answer = handler(list(argv))
+        rc, out = answer[0], answer[1]
+        err = answer[2] if len(answer) > 2 else ""
+        return CommandResult(argv, rc, out, err)
+
+    def commands(self, *, mutating=None):
+        """The recorded calls as shell lines, optionally only the (non-)mutating ones."""
+        return [shlex.join(c.argv) for c in self.calls if mutating is None or c.mutating == mutating]
+
+
+@dataclass
+class MdArray:
+    name: str
+    kernel_name: str
+    members: list
+
+
+@dataclass
+class FakeNode:
+    """A p5.48xlarge as node_bootstrap sees it, under `root`."""
+
+    root: Path
+    runner: FakeRunner
+    signatures: dict = field(default_factory=dict)  # host device path -> blkid export fields
+    arrays: dict = field(default_factory=dict)  # array host path -> MdArray
+    tags: dict = field(default_factory=dict)
+    health_status: str = "Healthy"
+    lustre_module: bool = True
+    lustre_mount_failures: int = 0  # the next N lustre mounts fail
+    lustre_installable: bool = True
+    agent_running: bool = False
+    agent_config_loads: int = 0
+    gpu_csv: str = "nvidia-smi-query-gpu.p5.csv"
+    remap_csv: str = "nvidia-smi-query-remapped-rows.p5.csv"
+    fi_info_txt: str = "fi_info-efa-rdm.p5.txt"
+    kernel_log: str = "journal-kernel-clean.txt"
+
+    # ----- building the machine -----
+    def path(self, node_path: str) -> str:
+        return str(self.root / node_path.lstrip("/"))
+
+    def write(self, node_path: str, text: str) -> None:
+        p = Path(self.path(node_path))
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+
+    def add_mount(self, source: str, node_mount_point: str, fstype: str, options: str = "rw") -> None:
+        with open(self.path("/proc/mounts"), "a") as f:
+            f.write(f"{source} {self.path(node_mount_point)} {fstype} {options} 0 0\n")
+
+    def add_nvme(self, name: str, model: str, by_id: str) -> None:
+        self.write(f"/sys/block/{name}/device/model", model.ljust(40) + "\n")  # sysfs pads the model
+        Path(self.path(f"/sys/block/{name}/holders")).mkdir(parents=True, exist_ok=True)
+        Path(self.path("/dev")).mkdir(parents=True, exist_ok=True)
+        Path(self.path(f"/dev/{name}")).touch()
+        link = Path(self.path(f"/dev/disk/by-id/{by_id}"))
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(f"../../{name}")
+
+    def instance_store_paths(self):
+        return [self.path(f"/dev/nvme{i}n1") for i in range(1, 9)]
+
+    def host(self, *, dry_run: bool = False, print_fn=print) -> Host:
+        return Host(str(self.root), dry_run=dry_run, print_fn=print_fn)
+
+    def identity(self) -> InstanceIdentity:
+        return InstanceIdentity(INSTANCE_ID, REGION)
+
+    def fstab(self) -> str:
+        p = Path(self.path("/etc/fstab"))
+        return p.read_text() if p.exists() else ""
+
+    def mounts_text(self) -> str:
+        return Path(self.path("/proc/mounts")).read_text()
+
+    # ----- tool handlers -----
+    def blkid(self, argv):
+        device = argv[-1]
+        fields = self.signatures.get(os.path.realpath(device)) or self.signatures.get(device)
+        if not fields:
+            return 2, ""
+        return 0, "".join(f"{k}={v}\n" for k, v in {"DEVNAME": device, **fields}.items())
+
+    def mdadm(self, argv):
+        if argv[1:] == ["--detail", "--scan"]:
+            uuid_ = "5d2c1f8e:9a3b4c7d:e1f20a3b:4c5d6e7f"
+            lines = [f"ARRAY /dev/md/{a.name} metadata=1.2 name=any:{a.name} UUID={uuid_}"
+                     for a in self.arrays.values()]
+            return 0, "".join(line + "\n" for line in lines)
+        mode, array_path = argv[1], argv[2]
+        devices = [a for a in argv[3:] if not a.startswith("--")]
+        name = os.path.basename(array_path)
+        if mode == "--create":
+            busy = [d for d in devices if self.signatures.get(d)]
+            if busy:
+                return 1, "", f"mdadm: {busy[0]} appears to contain an existing filesystem\nmdadm: aborted"
+            for d in devices:
+                self.signatures[d] = {"UUID": "5d2c1f8e-9a3b-4c7d-e1f2-0a3b4c5d6e7f",
+                                      "LABEL": f"any:{name}", "TYPE": "linux_raid_member"}
+        elif mode == "--assemble":
+            if any(self.signatures.get(d, {}).get("LABEL") != f"any:{name}" for d in devices):
+                return 1, "", "mdadm: no RAID superblock"
+        else:
+            raise AssertionError(f"unexpected mdadm call {argv}")
+        kernel_name = "md127"
+        Path(self.path(f"/dev/{kernel_name}")).touch()
+        link = Path(self.path(f"/dev/md/{name}"))
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.is_symlink():
+            link.symlink_to(f"../{kernel_name}")
+        for d in devices:
+            Path(self.path(f"/sys/block/{os.path.basename(d)}/holders/{kernel_name}")).touch()
+        self.arrays[array_path] = MdArray(name, kernel_name, devices)
+        return 0, "", f"mdadm: array {array_path} started.\n"
+
+    def mkfs(self, fstype):
+        def handler(argv):
+            target = argv[-1]
+            if self.signatures.get(os.path.realpath(target)):
+                return 1, "", f"mkfs.{fstype}: {target} appears to contain an existing filesystem"
+            label = argv[argv.index("-L") + 1]
+            fields = {"LABEL": label, "UUID": str(uuid.uuid4()), "TYPE": fstype}
+            self.signatures[os.path.realpath(target)] = fields
+            return 0, f"meta-data={target} isize=512 agcount=32\n"
+        return handler
+
+    def nvme_list(self, argv):
+        """The recorded `nvme list -o json`, limited to the devices this fake node has."""
+        data = json.loads(fixture_text("nvme-list.p5.json"))
+        data["Devices"] = [d for d in data["Devices"] if os.path.exists(self.path(d["DevicePath"]))]
+        return 0, json.dumps(data, indent=2)
+
+    def mount(self, argv):
+        fstype = argv[argv.index("-t") + 1]
+        options = argv[argv.index("-o") + 1]
+        source, target = argv[-2], argv[-1]
+        if fstype == "lustre":
+            if self.lustre_mount_failures > 0:
+                self.lustre_mount_failures -= 1
+                return 5, "", f"mount.lustre: mount {source} at {target} failed: Input/output error"
+            source = "172.31.5.10@tcp:/" + source.rsplit(":/", 1)[1]  # the kernel shows the server's IP
+        else:
+            source = os.path.realpath(source)
+        with open(self.path("/proc/mounts"), "a") as f:
+            f.write(f"{source} {target} {fstype} rw,{options} 0 0\n")
+        return 0, ""
+
+    def nvidia_smi(self, argv):
+        if argv[1].startswith("--query-gpu="):
+            return 0, fixture_text(self.gpu_csv)
+        if argv[1].startswith("--query-remapped-rows="):
+            return 0, fixture_text(self.remap_csv)
+        raise AssertionError(f"unexpected nvidia-smi call {argv}")
+
+    def aws(self, argv):
+        service, op = argv[1], argv[2]
+        if (service, op) == ("ec2", "describe-tags"):
+            tags = [{"Key": k, "ResourceId": INSTANCE_ID, "ResourceType": "instance", "Value": v}
+                    for k, v in self.tags.items()]
+            return 0, json.dumps({"Tags": tags})
+        if (service, op) == ("ec2", "create-tags"):
+            raw = argv[argv.index("--tags") + 1]
+            if raw.startswith("["):
+                self.tags.update({t["Key"]: t["Value"] for t in json.loads(raw)})
+            else:
+                key, value = (p.split("=", 1)[1] for p in raw.split(","))
+                self.tags[key] = value
+            return 0, ""
+        if (service, op) == ("ec2", "delete-tags"):
+            self.tags.pop(argv[argv.index("--tags") + 1].split("=", 1)[1], None)
+            return 0, ""
+        if (service, op) == ("autoscaling", "set-instance-health"):
+            self.health_status = argv[argv.index("--health-status") + 1]
+            return 0, ""
+        raise AssertionError(f"unexpected aws call {argv}")
+
+    def python(self, argv):
+        code = argv[2]
+        if "sysconfig" in code:
+            return 0, SITE_PACKAGES + "\n"
+        if code == "import training":
+            pth = Path(self.path(SITE_PACKAGES + "/cluster-bundle.pth"))
+            bundle = pth.read_text().strip() if pth.exists() else None
+            if bundle and Path(self.path(bundle + "/training/__init__.py")).exists():
+                return 0, ""
+            return 1, "", "ModuleNotFoundError: No module named 'training'"
+        raise AssertionError(f"unexpected python call {argv}")
+
+    def dnf(self, argv):
+        package = argv[-1]
+        if package == "lustre-client":
+            self.lustre_module = self.lustre_installable
+        elif package == "amazon-cloudwatch-agent":
+            self.write("/opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-ctl", "#!/bin/sh\n")
+        else:
+            raise AssertionError(f"unexpected dnf install {package}")
+        return 0, f"Installed: {package}\nComplete!\n"
+
+    def agent_ctl(self, argv):
+        action = argv[argv.index("-a") + 1]
+        if action == "status":
+            return 0, json.dumps({"status": "running" if self.agent_running else "stopped",
+                                  "starttime": "", "configstatus": "configured", "version": "1.300052.0"})
+        if action == "fetch-config":
+            self.agent_config_loads += 1
+            self.agent_running = True
+            return 0, "Successfully fetched the config and saved it\n"
+        if action == "start":
+            self.agent_running = True
+            return 0, ""
+        raise AssertionError(f"unexpected agent action {argv}")
+
+
+def build_fake_node(root: Path, *, dry_run: bool = False, instance_store: int = 8, dlami: bool = False,
+                    print_fn=print) -> FakeNode:
+    runner = FakeRunner(dry_run=dry_run, print_fn=print_fn)
+    node = FakeNode(root=root, runner=runner)
+    node.write("/proc/mounts", "")
+    node.write("/proc/sys/kernel/osrelease", KERNEL + "\n")
+    node.write("/etc/fstab", "UUID=8f1c2d3e-4b5a-6978-8796-a5b4c3d2e1f0 / xfs defaults,noatime 1 1\n")
+    # The EBS root volume: an NVMe device too, with a partition, mounted at /.
+    node.add_nvme("nvme0n1", "Amazon Elastic Block Store",
+                  "nvme-Amazon_Elastic_Block_Store_vol0a1b2c3d4e5f60718")
+    Path(node.path("/sys/block/nvme0n1/nvme0n1p1")).mkdir(parents=True)
+    node.signatures[node.path("/dev/nvme0n1")] = {"PTUUID": "0c1d2e3f", "PTTYPE": "gpt"}
+    for i in range(1, instance_store + 1):
+        node.add_nvme(f"nvme{i}n1", "Amazon EC2 NVMe Instance Storage",
+                      f"nvme-Amazon_EC2_NVMe_Instance_Storage_AWS{0x1F3A5C7E9B2D4F60 + i:016X}")
+    if dlami:
+        node.signatures[node.path("/dev/md0")] = {"LABEL": "dlami", "TYPE": "xfs", "UUID": str(uuid.uuid4())}
+        node.add_mount("/dev/md0", "/opt/dlami/nvme", "xfs", "rw,noatime")
+    # The bundle user-data unpacked, and the DLAMI's PyTorch interpreter.
+    node.write("/opt/cluster/bundle/training/__init__.py", "")
+    node.write("/opt/cluster/bundle/node_bootstrap/__init__.py", "")
+    node.write("/opt/pytorch/bin/python", "#!/bin/sh\n")
+    node.write("/etc/cluster/node-config.json", json.dumps(node_config_dict(), indent=2))
+    Path(node.path("/fsx")).mkdir()
+
+    runner.on("blkid", node.blkid)
+    runner.on("mdadm", node.mdadm)
+    runner.on("mkfs.xfs", node.mkfs("xfs"))
+    runner.on("mount", node.mount)
+    runner.on("nvme", node.nvme_list)
+    runner.on("modinfo", lambda argv: (0, f"filename: /lib/modules/{KERNEL}/extra/lustre/fs/lustre.ko.xz\n")
+              if node.lustre_module else (1, "", "modinfo: ERROR: Module lustre not found.\n"))
+    runner.on("dnf", node.dnf)
+    runner.on("nvidia-smi", node.nvidia_smi)
+    runner.on("fi_info", lambda argv: (0, fixture_text(node.fi_info_txt)))
+    runner.on("journalctl", lambda argv: (0, fixture_text(node.kernel_log)))
+    runner.on("aws", node.aws)
+    runner.on("python", node.python, on_path=False)  # run by absolute path
+    runner.on("amazon-cloudwatch-agent-ctl", node.agent_ctl, on_path=False)
+    node.write("/opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-ctl", "#!/bin/sh\n")
+    return node
+
+
+@pytest.fixture
+def fake_node(tmp_path) -> FakeNode:
+    return build_fake_node(tmp_path / "root")
+
+
+@pytest.fixture
+def config():
+    return parse_node_config(node_config_dict())
+
+
+class FakeImds:
+    """The IMDS seam for code that needs the instance identity (the real client is tested over HTTP)."""
+
+    def identity(self) -> InstanceIdentity:
+        return InstanceIdentity(INSTANCE_ID, REGION)
+
+
+@pytest.fixture
+def make_node(tmp_path):
+    """build_fake_node with options: make_node(dlami=True), make_node(instance_store=1), ..."""
+    def make(**kwargs) -> FakeNode:
+        return build_fake_node(tmp_path / "root", **kwargs)
+    return make
+
+
+@pytest.fixture
+def kit():
+    """Helpers test modules cannot import (pytest's importlib mode puts no conftest on sys.path)."""
+    from types import SimpleNamespace
+    return SimpleNamespace(
+        fixture_text=fixture_text, node_config_dict=node_config_dict, FakeRunner=FakeRunner,
+        FakeImds=FakeImds,
+        INSTANCE_ID=INSTANCE_ID, REGION=REGION, KERNEL=KERNEL, SITE_PACKAGES=SITE_PACKAGES, FIXTURES=FIXTURES,
+    )

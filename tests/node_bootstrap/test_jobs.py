@@ -1,0 +1,392 @@
+"""node_bootstrap/jobs.py for real: a fake root, a stand-in for the DLAMI python (so the real torchrun argv
+reaches a script that records it), the direct launcher (systemd is not PID 1 here) and a fake systemd-run
+on PATH for the systemd path. Each test waits on the job's real status file."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from node_bootstrap import jobs
+
+REPO = Path(__file__).resolve().parents[2]
+PY39 = Path("/root/.pyenv/versions/3.9.18/bin/python3.9")
+
+# Stands in for /opt/pytorch/bin/python: records how torchrun would have been called, prints trainer step
+# lines and behaves as FAKE_MODE (set through the training env file, which proves the file is sourced) says.
+FAKE_PYTHON = """\
+#!{python}
+import json, os, signal, subprocess, sys, time
+with open(os.environ["FAKE_RECORD"], "w") as f:
+    json.dump({{"argv": sys.argv[1:], "cwd": os.getcwd(), "pgid": os.getpgid(0), "pid": os.getpid(),
+               "env": {{k: os.environ.get(k) for k in ("FI_PROVIDER", "NCCL_DEBUG", "PYTHONPATH",
+                                                       "CLUSTER_JOB_ID", "PYTHONUNBUFFERED")}}}}, f)
+mode = os.environ["FAKE_MODE"]
+for step in (10, 20):
+    print(json.dumps({{"event": "step", "step": step, "loss": 3.0 - step / 10}}), flush=True)
+if mode == "exit":
+    print("[rank0]: something went wrong", flush=True)
+    sys.exit(int(os.environ["FAKE_EXIT_CODE"]))
+if mode == "until-sigterm":
+    def on_term(signum, frame):
+        print(json.dumps({{"event": "step", "step": 25, "loss": 0.5}}), flush=True)
+        print("checkpoint saved after SIGTERM", flush=True)
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, on_term)
+if mode == "ignore-sigterm":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # torchrun starts workers in new sessions: a process-group signal does not reach them.
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    with open(os.environ["FAKE_RECORD"] + ".worker", "w") as f:
+        f.write(str(worker.pid))
+print("ready", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def wait_until(predicate, timeout_s=20.0, what="condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def pid_alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+class Node:
+    """A fake node root with the node config, the training env file and the stand-in python."""
+
+    def __init__(self, root: Path, mode: str, exit_code: int = 0, interpreter: str = sys.executable):
+        self.root = root
+        self.interpreter = interpreter
+        self.record = root / "record.json"
+        config = {
+            "schemaVersion": 1,
+            "logging": {"logGroupName": "/training-cluster/TrainingClusterStack"},
+            "training": {"bundleDir": "/opt/cluster/bundle", "envFile": "/etc/cluster/training.env",
+                         "python": "/opt/pytorch/bin/python", "jobsDir": "/var/lib/cluster/jobs",
+                         "jobLogDir": "/var/log/cluster/jobs", "checkpointRoot": "/fsx/checkpoints",
+                         "dataRoot": "/fsx/data", "rendezvousPort": 29400},
+        }
+        (root / "etc/cluster").mkdir(parents=True)
+        (root / "etc/cluster/node-config.json").write_text(json.dumps(config))
+        (root / "etc/cluster/training.env").write_text(
+            f"FI_PROVIDER=efa\nNCCL_DEBUG='WARN'\nFAKE_MODE={mode}\nFAKE_EXIT_CODE={exit_code}\n"
+            f"FAKE_RECORD={self.record}\n")
+        (root / "opt/cluster/bundle").mkdir(parents=True)
+        python = root / "opt/pytorch/bin/python"
+        python.parent.mkdir(parents=True)
+        python.write_text(FAKE_PYTHON.format(python=sys.executable))
+        python.chmod(0o755)
+        self.settings = jobs.load_settings(str(root))
+
+    def cli(self, *args, env=None, check=True):
+        result = subprocess.run(
+            [self.interpreter, "-m", "node_bootstrap.jobs", "--root", str(self.root), *args],
+            cwd=REPO, capture_output=True, text=True, timeout=60, env=env)
+        if check and result.returncode != 0:
+            raise AssertionError(f"{args} exited {result.returncode}: {result.stdout} {result.stderr}")
+        return result
+
+    def start(self, job_id, *extra, env=None, check=True):
+        return self.cli("start", "--job-id", job_id, "--config", "training/configs/tiny-cpu.toml",
+                        "--nodes", "2", "--gpus-per-node", "8", "--rendezvous-host", "10.0.1.17",
+                        "--max-restarts", "2", "--overrides", "optim.lr=3e-4 train.steps=100", *extra,
+                        env=env, check=check)
+
+    def status_file(self, job_id):
+        return json.loads((self.root / "var/lib/cluster/jobs" / job_id / "status.json").read_text())
+
+    def wait_state(self, job_id, state):
+        return wait_until(lambda: self.status_file(job_id)["state"] == state and self.status_file(job_id),
+                          what=f"{job_id} {state}")
+
+    def log(self, job_id):
+        return (self.root / "var/log/cluster/jobs" / f"{job_id}.log").read_text()
+
+
+@pytest.fixture()
+def node_factory(tmp_path):
+    started = []
+
+    def make(mode, **kwargs):
+        node = Node(tmp_path, mode, **kwargs)
+        started.append(node)
+        return node
+
+    yield make
+    for node in started:  # never leave a stand-in job running
+        for status_path in (node.root / "var/lib/cluster/jobs").glob("*/status.json"):
+            status = json.loads(status_path.read_text())
+            if status.get("state") == "running" and pid_alive(status.get("supervisorPid")):
+                for pid in jobs.descendants(status["supervisorPid"]) + [status["supervisorPid"]]:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+
+
+def expected_argv(node_root: Path, job_id: str):
+    return [
+        "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "8", "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", "10.0.1.17:29400", "--rdzv-id", job_id, "--max-restarts", "2",
+        "-m", "training", "--config", "training/configs/tiny-cpu.toml", "--resume", "auto",
+        "--set", f"checkpoint.dir={node_root}/fsx/checkpoints/{job_id}",
+        "--set", "optim.lr=3e-4", "--set", "train.steps=100",
+    ]
+
+
+def test_start_runs_torchrun_detached_and_status_reports_the_last_step(node_factory):
+    node = node_factory("until-sigterm")
+    started = node.start("j-20261120-231502-ab12")
+    # `start` has returned (exit 0) while the job keeps running: it is detached.
+    start_out = json.loads(started.stdout)
+    assert start_out["state"] == "running" and start_out["launcher"] == "direct"
+    assert start_out["cloudwatch"].startswith("CloudWatch agent not installed")
+    assert pid_alive(start_out["pid"])
+    wait_until(lambda: "ready" in node.log("j-20261120-231502-ab12"), what="stand-in ready")
+
+    record = json.loads(node.record.read_text())
+    assert record["argv"] == expected_argv(node.root, "j-20261120-231502-ab12")
+    assert record["cwd"] == str(node.root / "opt/cluster/bundle")
+    assert record["env"]["FI_PROVIDER"] == "efa" and record["env"]["NCCL_DEBUG"] == "WARN"
+    assert record["env"]["CLUSTER_JOB_ID"] == "j-20261120-231502-ab12"
+    assert record["env"]["PYTHONUNBUFFERED"] == "1"
+    assert record["env"]["PYTHONPATH"].split(":")[0] == str(node.root / "opt/cluster/bundle")
+    # The child leads its own process group (so SIGTERM reaches torchrun's whole group).
+    assert record["pgid"] == record["pid"] == start_out["pid"]
+
+    status = json.loads(node.cli("status", "--job-id", "j-20261120-231502-ab12").stdout)
+    assert status["state"] == "running" and status["exitCode"] is None
+    assert status["lastStep"] == 20 and status["lastLoss"] == pytest.approx(1.0)
+    assert status["startedAt"].endswith("Z") and status["endedAt"] is None
+
+    cancelled = json.loads(node.cli("cancel", "--job-id", "j-20261120-231502-ab12").stdout)
+    assert cancelled["state"] == "cancelled" and cancelled["exitCode"] == 0
+    assert cancelled["cancel"] == "stopped by SIGTERM"
+    assert cancelled["lastStep"] == 25  # the step the trainer logged while handling SIGTERM
+    assert "checkpoint saved after SIGTERM" in node.log("j-20261120-231502-ab12")
+    assert not pid_alive(start_out["pid"])
+
+
+def test_failed_job_records_its_exit_code(node_factory):
+    node = node_factory("exit", exit_code=3)
+    node.start("j-fail-1", check=False)  # may already see the failure: it exits at once
+    final = node.wait_state("j-fail-1", "failed")
+    assert final["exitCode"] == 3 and final["endedAt"] is not None
+    status = node.cli("status", "--job-id", "j-fail-1")
+    assert json.loads(status.stdout)["state"] == "failed"
+    log = node.log("j-fail-1")
+    assert "[rank0]: something went wrong" in log and "exit code 3" in log
+
+
+def test_successful_job_and_status_file_contract(node_factory):
+    node = node_factory("exit", exit_code=0)
+    node.start("j-ok-1", check=False)
+    final = node.wait_state("j-ok-1", "succeeded")
+    assert set(final) >= {"state", "exitCode", "startedAt", "endedAt", "pid"}
+    assert final["exitCode"] == 0
+    assert not list((node.root / "var/lib/cluster/jobs/j-ok-1").glob("*.tmp-*"))  # atomic writes left nothing
+
+
+def test_cancel_kills_everything_after_the_timeout(node_factory):
+    node = node_factory("ignore-sigterm")
+    node.start("j-stuck-1")
+    worker_file = Path(str(node.record) + ".worker")
+    worker_pid = int(wait_until(lambda: worker_file.exists() and worker_file.read_text(), what="worker"))
+    assert pid_alive(worker_pid)
+    out = json.loads(node.cli("cancel", "--job-id", "j-stuck-1", "--timeout-seconds", "1").stdout)
+    assert out["cancel"] == "SIGKILL after 1 s"
+    assert out["state"] == "cancelled" and out["exitCode"] == 128 + signal.SIGKILL
+    wait_until(lambda: not pid_alive(worker_pid), what="worker in its own session killed")
+
+
+def test_status_of_a_job_whose_supervisor_is_gone_is_failed(node_factory):
+    node = node_factory("exit")
+    job_dir = node.root / "var/lib/cluster/jobs/j-lost-1"
+    job_dir.mkdir(parents=True)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (job_dir / "status.json").write_text(json.dumps(
+        {"jobId": "j-lost-1", "state": "running", "exitCode": None, "startedAt": "2026-11-20T23:15:02Z",
+         "endedAt": None, "pid": dead.pid, "supervisorPid": dead.pid}))
+    out = json.loads(node.cli("status", "--job-id", "j-lost-1").stdout)
+    assert out["state"] == "failed" and "supervisor" in out["error"]
+    assert out["lastStep"] is None
+
+
+def test_unknown_job_and_duplicate_job(node_factory):
+    node = node_factory("until-sigterm")
+    missing = node.cli("status", "--job-id", "j-nope-1", check=False)
+    assert missing.returncode == jobs.EXIT_NOT_FOUND
+    assert "no job j-nope-1 on this node" in json.loads(missing.stdout)["error"]
+    node.start("j-dup-1")
+    again = node.start("j-dup-1", check=False)
+    assert again.returncode == jobs.EXIT_FAILED
+    assert "job j-dup-1 already exists on this node" in again.stderr
+    node.cli("cancel", "--job-id", "j-dup-1")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--job-id", "J;rm"], "job-id='J;rm': allowed"),
+        (["--config", "x.yaml"], "config='x.yaml': allowed: a .toml path"),
+        (["--config", "../etc/x.toml"], "config='../etc/x.toml'"),
+        (["--nodes", "0"], "nodes=0: allowed: 1-4096"),
+        (["--rendezvous-host", "$(id)"], "rendezvous-host='$(id)'"),
+        (["--overrides", "a=1 b=$(id)"], "overrides item 'b=$(id)'"),
+    ],
+)
+def test_start_rejects_bad_values_before_touching_anything(node_factory, args, message):
+    node = node_factory("exit")
+    base = {"--job-id": "j-bad-1", "--config": "training/configs/tiny.toml", "--nodes": "2",
+            "--gpus-per-node": "8", "--rendezvous-host": "10.0.0.1", "--max-restarts": "0"}
+    base.update(dict(zip(args[::2], args[1::2], strict=True)))
+    result = node.cli("start", *[x for kv in base.items() for x in kv], check=False)
+    assert result.returncode == jobs.EXIT_USAGE
+    assert message in result.stderr
+    assert not (node.root / "var/lib/cluster/jobs").exists()
+
+
+def test_node_config_errors_name_the_key(tmp_path):
+    (tmp_path / "etc/cluster").mkdir(parents=True)
+    (tmp_path / "etc/cluster/node-config.json").write_text(json.dumps(
+        {"logging": {"logGroupName": "g"},
+         "training": {"python": "/opt/pytorch/bin/python", "rendezvousPort": "29400"}}))
+    with pytest.raises(jobs.JobError, match=r"training\.rendezvousPort='29400': expected an integer"):
+        jobs.load_settings(str(tmp_path))
+    config = json.loads((tmp_path / "etc/cluster/node-config.json").read_text())
+    config["training"]["rendezvousPort"] = 29400
+    (tmp_path / "etc/cluster/node-config.json").write_text(json.dumps(config))
+    with pytest.raises(jobs.JobError, match=r"training\.bundleDir=None: expected a string"):
+        jobs.load_settings(str(tmp_path))
+    with pytest.raises(jobs.JobError, match="cannot read node config"):
+        jobs.load_settings(str(tmp_path / "missing"))
+
+
+FAKE_SYSTEMD_RUN = """\
+#!/bin/bash
+# Records its arguments, then runs the command after "--" detached, as systemd would in a unit.
+printf '%s\\n' "$@" > "$FAKE_SYSTEMD_RECORD"
+while [ "$1" != "--" ]; do
+  case "$1" in --setenv=*) export "${1#--setenv=}";; esac
+  shift
+done
+shift
+setsid "$@" </dev/null >/dev/null 2>&1 &
+"""
+
+# Records its arguments; `kill` signals the unit's main process (the supervisor) as systemd would.
+FAKE_SYSTEMCTL = """\
+#!/bin/bash
+printf '%s\\n' "$@" >> "$FAKE_SYSTEMCTL_RECORD"
+if [ "$1" = kill ]; then
+  kill -TERM "$(sed -n 's/.*"supervisorPid": \\([0-9]*\\).*/\\1/p' "$FAKE_STATUS")"
+fi
+"""
+
+FAKE_AGENT_CTL = """\
+#!/bin/bash
+printf '%s\\n' "$@" > "$(dirname "$0")/ctl-args"
+cp "${6#file:}" "$(dirname "$0")/ctl-config.json"
+"""
+
+
+def test_systemd_launcher_and_cloudwatch_agent(node_factory, tmp_path):
+    node = node_factory("until-sigterm")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("systemd-run", FAKE_SYSTEMD_RUN), ("systemctl", FAKE_SYSTEMCTL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    (node.root / "run/systemd/system").mkdir(parents=True)  # sd_booted(): systemd is PID 1
+    ctl = node.root / jobs.CLOUDWATCH_AGENT_CTL.lstrip("/")
+    ctl.parent.mkdir(parents=True)
+    ctl.write_text(FAKE_AGENT_CTL)
+    ctl.chmod(0o755)
+    record = tmp_path / "systemd-run-args"
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_SYSTEMD_RECORD=str(record),
+               FAKE_SYSTEMCTL_RECORD=str(tmp_path / "systemctl-args"),
+               FAKE_STATUS=str(node.root / "var/lib/cluster/jobs/j-unit-1/status.json"))
+
+    out = json.loads(node.start("j-unit-1", env=env).stdout)
+    assert out["launcher"] == "systemd" and out["unit"] == "training-job-j-unit-1"
+    args = record.read_text().splitlines()
+    separator = args.index("--")
+    assert args[:separator] == [
+        "--unit=training-job-j-unit-1", "--collect", "--no-block", "--description=training job j-unit-1",
+        "--property=KillMode=mixed", "--property=TimeoutStopSec=120", f"--setenv=PYTHONPATH={REPO}",
+    ]
+    assert args[separator + 1:] == [
+        sys.executable, "-m", "node_bootstrap.jobs", "--root", str(node.root),
+        "--node-config", "/etc/cluster/node-config.json", "supervise", "--job-id", "j-unit-1",
+    ]
+
+    config_path = node.root / "etc/cluster/cloudwatch-agent-jobs/j-unit-1.json"
+    assert (ctl.parent / "ctl-args").read_text().splitlines() == [
+        "-a", "append-config", "-m", "ec2", "-c", f"file:{config_path}", "-s"]
+    collect = json.loads((ctl.parent / "ctl-config.json").read_text())["logs"]["logs_collected"]
+    assert collect["files"]["collect_list"] == [{
+        "file_path": str(node.root / "var/log/cluster/jobs/j-unit-1.log"),
+        "log_group_name": "/training-cluster/TrainingClusterStack",
+        "log_stream_name": "jobs/j-unit-1/{instance_id}",
+    }]
+    assert out["cloudwatch"].startswith("shipping to CloudWatch Logs /training-cluster/TrainingClusterStack")
+
+    cancelled = json.loads(node.cli("cancel", "--job-id", "j-unit-1", env=env).stdout)
+    assert cancelled["state"] == "cancelled" and cancelled["cancel"] == "stopped by SIGTERM"
+    assert (tmp_path / "systemctl-args").read_text().splitlines() == [
+        "kill", "--kill-whom=main", "--signal=SIGTERM", "training-job-j-unit-1.service"]
+
+
+@pytest.mark.skipif(not PY39.exists(), reason="the nodes' Python 3.9 is not installed here")
+def test_runs_on_the_nodes_python_39(node_factory):
+    node = node_factory("exit", exit_code=0, interpreter=str(PY39))
+    node.start("j-py39-1", check=False)
+    assert node.wait_state("j-py39-1", "succeeded")["exitCode"] == 0
+    assert json.loads(node.cli("status", "--job-id", "j-py39-1").stdout)["lastStep"] == 20
+
+
+def test_module_is_python_39_and_lint_clean():
+    source = REPO / "node_bootstrap/jobs.py"
+    if PY39.exists():
+        subprocess.run([str(PY39), "-m", "py_compile", str(source)], check=True)
+    ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or "ruff"
+    result = subprocess.run([ruff, "check", "--config", str(REPO / "node_bootstrap/ruff.toml"), str(source)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+
+
+def test_last_step_reads_prefixed_lines_and_ignores_noise(tmp_path):
+    log = tmp_path / "job.log"
+    log.write_text(textwrap.dedent("""\
+        [rank0]: {"event": "step", "step": 7, "loss": 2.5}
+        {"event": "checkpoint", "step": 7}
+        [rank0]: {"event": "step", "step": 8, "loss": 2.25, "tokens_per_s": 1000}
+        Traceback (most recent call last): not json {"step"
+        """))
+    assert jobs.last_step(str(log)) == {"event": "step", "step": 8, "loss": 2.25, "tokens_per_s": 1000}
+    assert jobs.last_step(str(tmp_path / "missing.log")) is None
+
+
+def test_exit_code_of_signal():
+    assert jobs.exit_code_of(-signal.SIGKILL) == (137, "SIGKILL")
+    assert jobs.exit_code_of(2) == (2, None)

@@ -1,0 +1,119 @@
+"""The lustre step: client module check and install, retried mount, write test, fstab, idempotency."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from node_bootstrap.lustre import mount_with_retries, plan_lustre, write_test
+from node_bootstrap.plan import StepError, execute_plan
+
+SOURCE = "fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com@tcp:/abcdefgh"
+FSTAB_LINE = f"{SOURCE} /fsx lustre defaults,relatime,flock,_netdev,x-systemd.automount 0 0"
+
+
+def run_lustre(node, config, sleeps=None, *, dry_run=False, print_fn=print):
+    host = node.host(dry_run=dry_run, print_fn=print_fn)
+    node.runner.dry_run = dry_run
+    plan = plan_lustre(config, host, node.runner, sleep=(sleeps if sleeps is not None else []).append)
+    execute_plan(plan, node.runner, dry_run=dry_run, print_fn=print_fn)
+    return plan, host
+
+
+def test_mounts_persists_and_write_tests(fake_node, config, kit):
+    plan, host = run_lustre(fake_node, config)
+    assert fake_node.runner.commands(mutating=True) == [
+        f"mount -t lustre -o relatime,flock {SOURCE} {fake_node.path('/fsx')}"]
+    assert f"modinfo -k {kit.KERNEL} lustre" in fake_node.runner.commands(mutating=False)
+    assert fake_node.fstab().splitlines()[-2:] == ["# node_bootstrap: FSx for Lustre", FSTAB_LINE]
+    assert f"172.31.5.10@tcp:/abcdefgh {fake_node.path('/fsx')} lustre" in fake_node.mounts_text()
+    assert os.listdir(fake_node.path("/fsx")) == []  # the write test cleaned up after itself
+
+
+def test_second_run_issues_no_mutating_command(fake_node, config):
+    run_lustre(fake_node, config)
+    fake_node.runner.calls.clear()
+    plan, host = run_lustre(fake_node, config)
+    assert plan.actions == [] and fake_node.runner.mutating_calls == [] and host.changes == []
+    assert any("is mounted from 172.31.5.10@tcp:/abcdefgh" in n for n in plan.notes)
+
+
+def test_mount_is_retried_with_exponential_backoff(fake_node, config):
+    fake_node.lustre_mount_failures = 2
+    sleeps = []
+    run_lustre(fake_node, config, sleeps)
+    mounts = [c for c in fake_node.runner.commands(mutating=True) if c.startswith("mount")]
+    assert len(mounts) == 3
+    assert sleeps == [5.0, 10.0]
+
+
+def test_mount_gives_up_after_five_attempts_with_a_useful_error(fake_node, config):
+    fake_node.lustre_mount_failures = 99
+    sleeps = []
+    with pytest.raises(StepError) as err:
+        run_lustre(fake_node, config, sleeps)
+    assert sleeps == [5.0, 10.0, 20.0, 40.0]
+    message = str(err.value)
+    assert "failed 5 times" in message and "Input/output error" in message
+    assert "TCP 988 and 1018-1023" in message
+
+
+def test_backoff_is_capped(fake_node):
+    fake_node.lustre_mount_failures = 99
+    sleeps = []
+    with pytest.raises(StepError):
+        mount_with_retries(fake_node.runner, ["mount", "-t", "lustre", "-o", "x", "a@tcp:/b", "/fsx"],
+                           sleep=sleeps.append, attempts=8)
+    assert sleeps == [5.0, 10.0, 20.0, 40.0, 60.0, 60.0, 60.0]
+
+
+def test_missing_client_module_is_installed_then_checked(fake_node, config, kit):
+    fake_node.lustre_module = False
+    run_lustre(fake_node, config)
+    mutating = fake_node.runner.commands(mutating=True)
+    assert mutating[0] == "dnf install -y lustre-client"
+    assert mutating[1].startswith("mount -t lustre")
+
+
+def test_a_client_without_a_module_for_the_running_kernel_fails_clearly(fake_node, config, kit):
+    fake_node.lustre_module = False
+    fake_node.lustre_installable = False  # the package targets another kernel
+    with pytest.raises(StepError, match=f"no module for the running kernel {kit.KERNEL}"):
+        run_lustre(fake_node, config)
+    assert not any(c.startswith("mount") for c in fake_node.runner.commands(mutating=True))
+
+
+def test_apt_based_images_install_the_kernel_specific_modules_package(fake_node, config, kit):
+    fake_node.lustre_module = False
+    fake_node.runner.on_path.discard("dnf")
+    fake_node.runner.on("apt-get", lambda argv: (0, ""))
+    plan = plan_lustre(config, fake_node.host(), fake_node.runner, sleep=lambda s: None)
+    assert plan.actions[0].argv == ("apt-get", "install", "-y", f"lustre-client-modules-{kit.KERNEL}")
+
+
+def test_another_file_system_at_the_mount_point_is_refused(fake_node, config):
+    fake_node.add_mount("10.0.0.5:/export", "/fsx", "nfs4")
+    with pytest.raises(StepError, match="/fsx is already mounted from 10.0.0.5:/export \\(nfs4\\)"):
+        run_lustre(fake_node, config)
+
+
+def test_dry_run_prints_the_mount_and_changes_nothing(fake_node, config, capsys):
+    run_lustre(fake_node, config, dry_run=True)
+    out = capsys.readouterr().out
+    assert f"[lustre] would mount {SOURCE} at /fsx (5 attempts with backoff)" in out
+    assert "[lustre] would persist /fsx in /etc/fstab with _netdev" in out
+    assert "lustre" not in fake_node.mounts_text() and "lustre" not in fake_node.fstab()
+
+
+def test_write_test_detects_an_unwritable_mount(tmp_path):
+    target = tmp_path / "ro"
+    target.mkdir()
+    target.chmod(0o500)
+    try:
+        if os.access(target, os.W_OK):  # root ignores permissions: use a missing directory instead
+            target = tmp_path / "missing"
+        with pytest.raises(StepError, match="write test on .* failed"):
+            write_test(str(target))
+    finally:
+        (tmp_path / "ro").chmod(0o700)

@@ -1,0 +1,57 @@
+"""node_bootstrap runs on the nodes' system Python, 3.9 on Amazon Linux 2023: compile and run it with 3.9."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).parents[2]
+PYTHON39 = "/root/.pyenv/versions/3.9.18/bin/python3.9"
+
+pytestmark = pytest.mark.skipif(not os.path.exists(PYTHON39), reason=f"{PYTHON39} is not installed here")
+
+
+def run39(*args, cwd=REPO):
+    return subprocess.run([PYTHON39, *args], cwd=cwd, capture_output=True, text=True, timeout=120,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"})
+
+
+def test_every_module_byte_compiles_with_python39(tmp_path):
+    modules = sorted(str(p) for p in (REPO / "node_bootstrap").glob("*.py"))
+    script = ("import os, py_compile, sys\n"
+              "for path in sys.argv[2:]:\n"
+              "    py_compile.compile(path, doraise=True, cfile=os.path.join(sys.argv[1], 'm.pyc'))\n")
+    result = run39("-c", script, str(tmp_path), *modules)
+    assert result.returncode == 0, result.stderr
+    assert len(modules) >= 15
+
+
+def test_help_runs_under_python39():
+    result = run39("-m", "node_bootstrap", "--help")
+    assert result.returncode == 0, result.stderr
+    assert "usage: python3 -m node_bootstrap" in result.stdout
+
+
+def test_check_runs_under_python39_on_a_machine_without_gpu_tools(tmp_path, kit):
+    """The real runner on this GPU-less box: every check fails with a reason and the JSON says so."""
+    (tmp_path / "etc/cluster").mkdir(parents=True)
+    (tmp_path / "etc/cluster/node-config.json").write_text(json.dumps(kit.node_config_dict()))
+    result = run39("-m", "node_bootstrap", "check", "--json", "--root", str(tmp_path))
+    assert result.returncode == 1, result.stderr
+    report = json.loads(result.stdout)
+    failed = {c["name"] for c in report["checks"] if c["status"] == "fail"}
+    assert {"gpu-count", "efa"} <= failed and report["healthy"] is False
+
+
+def test_run_dry_run_under_python39_prints_a_plan(tmp_path, kit):
+    (tmp_path / "etc/cluster").mkdir(parents=True)
+    (tmp_path / "etc/cluster/node-config.json").write_text(json.dumps(kit.node_config_dict()))
+    result = run39("-m", "node_bootstrap", "run", "--dry-run", "--only", "training", "--root", str(tmp_path))
+    # No bundle under this fake root: the training step stops with a clear reason, and nothing is written.
+    assert result.returncode == 1
+    assert "the bundle at /opt/cluster/bundle has no training package" in result.stdout
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["cluster", "etc", "node-config.json"]

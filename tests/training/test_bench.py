@@ -1,0 +1,138 @@
+"""python -m training.bench on the CPU: the tiny preset, a couple of steps per backend."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from training.bench import BenchResult, build_parser, format_table, main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory):
+    """One real run in a subprocess (it creates and destroys its own process group)."""
+    out = tmp_path_factory.mktemp("bench") / "bench.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "training.bench",
+            "--steps",
+            "2",
+            "--warmup-steps",
+            "1",
+            "--seq-len",
+            "32",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
+    )
+    return result, json.loads(out.read_text()) if out.exists() else None
+
+
+def test_cpu_run_prints_the_table_for_every_backend(bench_run):
+    result, _ = bench_run
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("device cpu | preset tiny (0.1M params) | seq 32 x micro-batch 8")
+    assert lines[1].split() == [
+        "backend",
+        "status",
+        "tokens/s",
+        "TFLOP/s",
+        "MFU",
+        "step",
+        "ms",
+        "peak",
+        "GiB",
+        "loss",
+    ]
+    rows = {line.split()[0]: line.split() for line in lines[2:5]}
+    assert rows["none"][1] == "ok" and rows["torchao"][1] == "ok"
+    assert float(rows["none"][2]) > 0 and rows["none"][4] == "-"  # tokens/s; no MFU on a CPU
+    assert rows["te"][1] == "skipped"
+    assert any(
+        line.startswith("te: skipped: fp8.backend='te': Transformer Engine is not importable")
+        for line in lines
+    )
+    assert "MFU: not reported (no GPU peak known for this device)" in lines
+
+
+def test_json_has_the_numbers_and_the_versions(bench_run):
+    _, data = bench_run
+    assert data["preset"] == "tiny" and data["seq_len"] == 32 and data["peak_bf16_tflops"] is None
+    assert data["versions"]["torchao"]  # imported by the torchao run
+    results = {r["backend"]: r for r in data["results"]}
+    none = results["none"]
+    assert none["status"] == "ok" and none["mfu"] is None
+    # TFLOP/s is flops_per_token x tokens/s
+    assert none["tflops"] == pytest.approx(data["flops_per_token"] * none["tokens_per_s"] / 1e12)
+    assert none["tokens_per_s"] == pytest.approx(8 * 32 / (none["step_time_ms"] / 1000))
+    assert none["peak_memory_gib"] > 0 and 4.5 < none["final_loss"] < 7.5
+    assert results["torchao"]["status"] == "ok"
+    assert results["te"]["status"] == "skipped" and "pip install" in results["te"]["reason"]
+
+
+def test_bad_backend_list_is_a_usage_error(capsys):
+    assert main(["--backends", "none,fp4"]) == 2
+    assert (
+        "--backends='none,fp4': allowed: a comma-separated subset of none, torchao, te"
+        in capsys.readouterr().err
+    )
+
+
+def test_help_lists_the_documented_options():
+    help_text = build_parser().format_help()
+    for option in (
+        "--preset",
+        "--seq-len",
+        "--micro-batch-size",
+        "--steps",
+        "--warmup-steps",
+        "--backends",
+        "--activation-checkpointing",
+        "--compile",
+        "--json",
+    ):
+        assert option in help_text
+
+
+def test_table_shows_mfu_as_a_percentage_and_failures_with_their_reason():
+    header = {
+        "device": "NVIDIA H100 80GB HBM3",
+        "preset": "1b",
+        "params": 1.5e9,
+        "seq_len": 4096,
+        "micro_batch_size": 2,
+        "flops_per_token": 1e10,
+        "peak_bf16_tflops": 989.0,
+        "parallel": {"activation_checkpointing": False, "compile": True},
+    }
+    results = [
+        BenchResult(
+            "none",
+            "ok",
+            tokens_per_s=40000.0,
+            tflops=400.0,
+            mfu=400 / 989,
+            step_time_ms=204.8,
+            peak_memory_gib=60.5,
+            final_loss=11.9,
+        ),
+        BenchResult("te", "failed", "OutOfMemoryError: CUDA out of memory"),
+    ]
+    table = format_table(header, results)
+    assert "40.4%" in table and "compile on" in table
+    assert "te: failed: OutOfMemoryError: CUDA out of memory" in table

@@ -1,0 +1,182 @@
+"""Step records, the progress line, throughput/MFU arithmetic, and CloudWatch publishing (moto, Stubber)."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from datetime import datetime, timedelta, timezone
+
+import boto3
+import pytest
+import torch
+from botocore.stub import ANY, Stubber
+from moto import mock_aws
+
+from training.errors import ConfigError
+from training.metrics import (
+    CloudWatchPublisher,
+    GpuSampler,
+    MetricsConfig,
+    MetricsLogger,
+    ThroughputModel,
+    summarize_ranks,
+    throughput,
+)
+
+H100 = ThroughputModel(tokens_per_step=8 * 2048 * 8, world_size=8, flops_per_token=1e10,
+                       peak_tflops_per_gpu=989.0)
+CPU = ThroughputModel(tokens_per_step=512, world_size=2, flops_per_token=1e6, peak_tflops_per_gpu=None)
+
+
+def test_summarize_ranks_names_the_slowest():
+    assert summarize_ranks([0.20, 0.50, 0.30]) == {"step_time_s_min": 0.20, "step_time_s_max": 0.50,
+                                                   "slowest_rank": 1}
+
+
+def test_throughput_tflops_and_mfu():
+    result = throughput(2.0, H100)
+    assert result["tokens_per_s"] == pytest.approx(65536.0)
+    # 65536 tok/s x 1e10 FLOP/tok / 8 GPUs = 81.92 TFLOP/s per GPU
+    assert result["tflops"] == pytest.approx(81.92)
+    assert result["mfu"] == pytest.approx(81.92 / 989.0)
+
+
+def test_no_mfu_without_a_peak():
+    assert throughput(1.0, CPU)["mfu"] is None
+
+
+def logger(cfg: MetricsConfig | None = None, **kwargs) -> tuple[MetricsLogger, io.StringIO, io.StringIO]:
+    out, err = io.StringIO(), io.StringIO()
+    metrics = MetricsLogger(cfg or MetricsConfig(nvml=False), rank=0, world_size=1,
+                            device=torch.device("cpu"), model=CPU, stdout=out, stderr=err, **kwargs)
+    return metrics, out, err
+
+
+def test_a_step_record_is_one_json_line_with_the_launcher_keys():
+    metrics, out, err = logger()
+    record = metrics.log_step(step=7, total_steps=100, loss=torch.tensor(2.5), lr=1e-3,
+                              grad_norm=torch.tensor(0.75), step_time_s=0.25)
+    (line,) = out.getvalue().splitlines()
+    parsed = json.loads(line)
+    assert parsed == record
+    assert parsed["event"] == "step" and parsed["step"] == 7 and parsed["loss"] == 2.5
+    assert parsed["lr"] == 1e-3 and parsed["grad_norm"] == 0.75
+    assert parsed["tokens_per_s"] == pytest.approx(2048.0)
+    assert parsed["tflops"] == pytest.approx(2048.0 * 1e6 / 2 / 1e12)
+    assert parsed["mfu"] is None
+    assert parsed["step_time_s_min"] == parsed["step_time_s_max"] == 0.25 and parsed["slowest_rank"] == 0
+    assert parsed["mem_gib"] > 0
+    assert err.getvalue().startswith("step 7/100 loss 2.5000 lr 1.00e-03 2,048 tok/s")
+    assert "slowest rank 0" in err.getvalue()
+
+
+def test_a_nan_loss_is_written_as_null():
+    metrics, out, err = logger()
+    metrics.log_step(step=1, total_steps=2, loss=torch.tensor(float("nan")), lr=1e-3,
+                     grad_norm=torch.tensor(float("inf")), step_time_s=0.1)
+    parsed = json.loads(out.getvalue())  # strict JSON: no NaN token
+    assert parsed["loss"] is None and parsed["grad_norm"] is None
+    assert "loss nan" in err.getvalue()
+
+
+def test_outputs_can_be_switched_off():
+    metrics, out, err = logger(MetricsConfig(json_lines=False, progress=False, nvml=False))
+    returned = metrics.log_step(step=1, total_steps=1, loss=torch.tensor(1.0), lr=0.1,
+                                grad_norm=torch.tensor(1.0), step_time_s=0.1)
+    assert returned is not None
+    assert out.getvalue() == "" and err.getvalue() == ""
+
+
+def test_gpu_sampler_is_off_on_a_cpu():
+    assert GpuSampler(torch.device("cpu"), enabled=True).sample() == {}
+
+
+# ---------------------------------------------------------------------------------------------------------
+CLOUDWATCH = MetricsConfig(cloudwatch=True, cloudwatch_namespace="Test/Training",
+                           cloudwatch_dimensions="Job=j-1, Cluster=p5", cloudwatch_flush_steps=2)
+
+
+def record(step: int, loss: float) -> dict:
+    return {"event": "step", "step": step, "loss": loss, "lr": 1e-3, "tokens_per_s": 1000.0, "tflops": 1.0,
+            "mfu": None, "step_time_s_max": 0.5, "grad_norm": 1.0, "mem_gib": 3.0}
+
+
+@mock_aws
+def test_cloudwatch_publishes_batched_step_metrics_with_dimensions():
+    client = boto3.client("cloudwatch", region_name="us-east-1")
+    calls = []
+    client.meta.events.register("provide-client-params.cloudwatch.PutMetricData",
+                                lambda params, **_: calls.append(len(params["MetricData"])))
+    publisher = CloudWatchPublisher(CLOUDWATCH, client=client)
+    for step, loss in ((1, 4.0), (2, 3.0), (3, 2.0)):
+        publisher.add(record(step, loss))
+    publisher.close()
+    # 7 metrics per step (mfu is None on a CPU); 2 steps per call, the last step flushed by close()
+    assert calls == [14, 7]
+    assert publisher.failures == 0
+    names = {m["MetricName"] for m in client.list_metrics(Namespace="Test/Training")["Metrics"]}
+    assert names == {"Loss", "LearningRate", "TokensPerSecond", "ModelTFLOPSPerGPU", "StepTimeMax",
+                     "GradNorm", "PeakMemoryGiB"}
+    now = datetime.now(timezone.utc)  # noqa: UP017
+    stats = client.get_metric_statistics(
+        Namespace="Test/Training", MetricName="Loss",
+        Dimensions=[{"Name": "Job", "Value": "j-1"}, {"Name": "Cluster", "Value": "p5"}],
+        StartTime=now - timedelta(minutes=5), EndTime=now + timedelta(minutes=5), Period=600,
+        Statistics=["Sum", "SampleCount"],
+    )
+    (point,) = stats["Datapoints"]
+    assert point["Sum"] == 9.0 and point["SampleCount"] == 3.0
+
+
+def test_cloudwatch_failures_are_logged_not_raised(caplog):
+    client = boto3.client("cloudwatch", region_name="us-east-1", aws_access_key_id="x",
+                          aws_secret_access_key="x")
+    stubber = Stubber(client)  # validates the request against the real service model
+    stubber.add_client_error("put_metric_data", service_error_code="Throttling", http_status_code=400,
+                             expected_params={"Namespace": "Test/Training", "MetricData": ANY})
+    with stubber, caplog.at_level(logging.WARNING, logger="training.metrics"):
+        publisher = CloudWatchPublisher(CLOUDWATCH, client=client)
+        publisher.add(record(1, float("nan")))  # NaN is dropped: PutMetricData rejects it
+        publisher.add(record(2, 3.0))
+        publisher.close()
+    stubber.assert_no_pending_responses()
+    assert publisher.failures == 1
+    assert "CloudWatch PutMetricData failed" in caplog.text and "Throttling" in caplog.text
+
+
+def test_the_logger_feeds_cloudwatch_on_rank_0():
+    sent = []
+
+    class Recorder:
+        def add(self, rec):
+            sent.append(rec["step"])
+
+        def close(self):
+            sent.append("closed")
+
+    metrics, _, _ = logger(cloudwatch=Recorder())
+    metrics.log_step(step=3, total_steps=3, loss=torch.tensor(1.0), lr=0.1, grad_norm=torch.tensor(1.0),
+                     step_time_s=0.1)
+    metrics.close()
+    assert sent == [3, "closed"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"cloudwatch_namespace": ""}, "metrics.cloudwatch_namespace='': allowed: a non-empty name"),
+        ({"cloudwatch_namespace": "AWS/EC2"}, "metrics.cloudwatch_namespace='AWS/EC2'"),
+        ({"cloudwatch_dimensions": "Job"}, "metrics.cloudwatch_dimensions='Job': allowed: up to 30"),
+        ({"cloudwatch_flush_steps": 0}, "metrics.cloudwatch_flush_steps=0: allowed: an integer 1..100"),
+    ],
+)
+def test_invalid_values_name_the_field(fields, message):
+    with pytest.raises(ConfigError) as err:
+        MetricsConfig(**fields).validate()
+    assert str(err.value).startswith(message)
+
+
+def test_dimensions_parse():
+    assert CLOUDWATCH.dimensions() == [{"Name": "Job", "Value": "j-1"}, {"Name": "Cluster", "Value": "p5"}]
+    assert MetricsConfig().dimensions() == []

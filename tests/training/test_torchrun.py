@@ -1,0 +1,277 @@
+"""Acceptance tests: real ``torchrun --nproc_per_node=2`` runs of ``python -m training`` on the CPU (gloo,
+FSDP2, the tiny model, synthetic data). Each torchrun start costs seconds, so every run is a module-scoped
+fixture shared by the assertions about it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+RUN_TIMEOUT_S = 300  # a hung collective fails the test instead of the whole CI job
+
+# The tiny-cpu default made smaller: 4 x 32 tokens per rank per micro-batch, 2 micro-batches per step
+# (exercises gradient accumulation), metrics every step (the tests compare per-step losses).
+SMALL = [
+    "run.seq_len=32", "run.micro_batch_size=4", "run.grad_accum_steps=2", "run.log_interval_steps=1",
+    "optim.lr=3e-3",
+]
+
+
+@dataclass
+class Run:
+    returncode: int
+    output: str  # stdout and stderr of torchrun and both ranks, interleaved
+
+    @property
+    def steps(self) -> list[dict]:
+        return [json.loads(line) for line in self.output.splitlines()
+                if line.startswith("{") and '"event": "step"' in line]
+
+    @property
+    def losses(self) -> dict[int, float]:
+        return {s["step"]: s["loss"] for s in self.steps}
+
+
+def torchrun_cmd(overrides: list[str], *, resume: str = "auto") -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "training", "--resume", resume]
+    for override in SMALL + overrides:
+        cmd += ["--set", override]
+    return cmd
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+
+
+def torchrun(overrides: list[str], *, resume: str = "auto") -> Run:
+    proc = subprocess.run(torchrun_cmd(overrides, resume=resume), cwd=REPO, env=env(), text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)
+    return Run(proc.returncode, proc.stdout)
+
+
+def torchrun_and_signal(overrides: list[str], *, sig: int, after_step: int) -> Run:
+    """Start a long run, send ``sig`` to rank 1's process once rank 0 has logged ``after_step``, and wait."""
+    proc = subprocess.Popen(torchrun_cmd(overrides), cwd=REPO, env=env(), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("{") and json.loads(line).get("step", 0) >= after_step:
+                os.kill(worker_pid(proc.pid, rank=1), sig)
+                break
+            assert time.monotonic() < deadline, "".join(lines)
+        rest, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+        lines.append(rest)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return Run(proc.returncode, "".join(lines))
+
+
+def worker_pid(torchrun_pid: int, *, rank: int) -> int:
+    """The pid of torchrun's worker process with RANK=rank (its child, found through /proc)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            if ppid != torchrun_pid:
+                continue
+            environ = (stat.parent / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue  # the process ended while we looked
+        if f"RANK={rank}".encode() in environ:
+            return int(stat.parent.name)
+    raise AssertionError(f"no worker with RANK={rank} under torchrun pid {torchrun_pid}")
+
+
+def complete_steps(root: Path) -> list[int]:
+    return sorted(int(p.name.split("-")[1]) for p in root.glob("step-*")
+                  if (p / ".metadata").is_file() and (p / "train_state.json").is_file())
+
+
+def load_checkpoint(path: Path, tmp: Path) -> dict:
+    out = tmp / f"{path.parent.name}-{path.name}.pt"
+    dcp_to_torch_save(path, out)
+    return torch.load(out, weights_only=False)
+
+
+def flatten(tree, prefix=""):
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from flatten(value, f"{prefix}{key}.")
+    elif isinstance(tree, list | tuple):
+        for i, value in enumerate(tree):
+            yield from flatten(value, f"{prefix}{i}.")
+    else:
+        yield prefix.rstrip("."), tree
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 20 steps straight vs 10 + resume + 10. warmup_steps=15 > 10 and min_lr = lr: the learning rate at every
+# step is the same whether the run was planned for 10 or 20 steps, and the warmup crosses the resume point,
+# so a resume that continued at the wrong step would show in the losses.
+RESUME = ["optim.warmup_steps=15", "optim.min_lr=3e-3",
+          "checkpoint.interval_steps=5", "checkpoint.keep_last=2", "checkpoint.async_save=true"]
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> tuple[Run, Path]:
+    root = tmp_path_factory.mktemp("straight")
+    return torchrun(RESUME + ["run.steps=20", f"checkpoint.dir={root}"], resume="none"), root
+
+
+@pytest.fixture(scope="module")
+def split(tmp_path_factory) -> tuple[Run, Run, Path]:
+    root = tmp_path_factory.mktemp("split")
+    first = torchrun(RESUME + ["run.steps=10", f"checkpoint.dir={root}"], resume="none")
+    second = torchrun(RESUME + ["run.steps=20", f"checkpoint.dir={root}"], resume="auto")
+    return first, second, root
+
+
+def test_loss_falls_on_the_synthetic_task(straight):
+    run, _ = straight
+    assert run.returncode == 0, run.output
+    losses = [run.losses[s] for s in range(1, 21)]
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.5, losses
+
+
+def test_step_records_carry_the_metrics(straight):
+    run, _ = straight
+    record = run.steps[-1]
+    assert record["event"] == "step" and record["step"] == 20
+    assert record["mfu"] is None  # no GPU peak on a CPU
+    assert record["slowest_rank"] in (0, 1)
+    assert 0 < record["step_time_s_min"] <= record["step_time_s_max"]
+    # 2 ranks x 2 micro-batches x 4 samples x 32 tokens per step
+    assert record["tokens_per_s"] == pytest.approx(512 / record["step_time_s_max"])
+    assert record["tflops"] > 0 and record["grad_norm"] > 0 and record["mem_gib"] > 0
+
+
+def test_periodic_async_saves_keep_the_last_two(straight):
+    run, root = straight
+    assert sorted(p.name for p in root.iterdir()) == ["step-15", "step-20"], run.output
+    assert complete_steps(root) == [15, 20]
+    state = json.loads((root / "step-20" / "train_state.json").read_text())
+    assert state["step"] == 20 and state["world_size"] == 2
+    assert state["config"]["run"]["steps"] == 20
+
+
+def test_resume_is_bit_exact(straight, split, tmp_path):
+    run, straight_root = straight
+    first, second, split_root = split
+    assert first.returncode == 0, first.output
+    assert second.returncode == 0, second.output
+    assert "resumed from" in second.output and "step-10" in second.output
+    assert sorted(first.losses) == list(range(1, 11))
+    assert sorted(second.losses) == list(range(11, 21))
+    # losses: exactly equal floats, step by step
+    assert {**first.losses, **second.losses} == run.losses
+    # final model and optimizer state, tensor by tensor
+    a = dict(flatten(load_checkpoint(straight_root / "step-20", tmp_path)))
+    b = dict(flatten(load_checkpoint(split_root / "step-20", tmp_path)))
+    assert a.keys() == b.keys()
+    assert any(k.startswith("model.") for k in a) and any(k.startswith("optim.state.") for k in a)
+    for key, value in a.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, b[key]), key
+        else:
+            assert value == b[key], key
+
+
+# ---------------------------------------------------------------------------------------------------------
+# One chain of three runs (each torchrun start is expensive): SIGTERM to rank 1 -> checkpoint and exit 0;
+# resume from it with periodic saves, then SIGKILL rank 1; plant an incomplete checkpoint newer than the
+# last complete one; restart.
+@dataclass
+class FaultChain:
+    root: Path
+    stopped: Run  # the run rank 1 got SIGTERM in
+    sigterm_step: int  # the checkpoint it saved
+    killed: Run  # resumed from that checkpoint, then rank 1 got SIGKILL
+    newest: int  # the newest complete checkpoint the kill left
+    restarted: Run  # --resume auto after the kill
+
+
+@pytest.fixture(scope="module")
+def faults(tmp_path_factory) -> FaultChain:
+    root = tmp_path_factory.mktemp("faults")
+    # no periodic saves: the only checkpoint is the one SIGTERM causes
+    no_periodic = [f"checkpoint.dir={root}", "checkpoint.interval_steps=0"]
+    stopped = torchrun_and_signal(["run.steps=100000", *no_periodic], sig=signal.SIGTERM, after_step=3)
+    saved = complete_steps(root)
+    sigterm_step = saved[-1] if saved else 0
+    periodic = [f"checkpoint.dir={root}", "checkpoint.interval_steps=2", "checkpoint.keep_last=3"]
+    killed = torchrun_and_signal(["run.steps=100000", *periodic], sig=signal.SIGKILL,
+                                 after_step=sigterm_step + 5)
+    newest = complete_steps(root)[-1]
+    # what a crash between DCP's .metadata and our marker leaves: a newer directory without train_state.json
+    incomplete = root / f"step-{newest + 1}"
+    shutil.rmtree(incomplete, ignore_errors=True)
+    shutil.copytree(root / f"step-{newest}", incomplete)
+    (incomplete / "train_state.json").unlink()
+    restarted = torchrun([f"run.steps={newest + 2}", *periodic], resume="auto")
+    return FaultChain(root, stopped, sigterm_step, killed, newest, restarted)
+
+
+def test_sigterm_on_one_rank_saves_a_complete_checkpoint_and_exits_0(faults):
+    assert faults.stopped.returncode == 0, faults.stopped.output
+    # both ranks agreed at the boundary after the last logged step, saved it, and stopped
+    assert faults.sigterm_step == faults.stopped.steps[-1]["step"] >= 3
+    assert "stopped by SIGTERM" in faults.stopped.output
+
+
+def test_resume_continues_from_the_sigterm_checkpoint(faults):
+    assert f"resumed from {faults.root}/step-{faults.sigterm_step} " in faults.killed.output
+    assert faults.killed.steps[0]["step"] == faults.sigterm_step + 1
+
+
+def test_sigkill_of_one_rank_fails_the_job_and_leaves_complete_checkpoints(faults):
+    assert faults.killed.returncode != 0
+    assert faults.sigterm_step < faults.newest <= faults.killed.steps[-1]["step"]
+
+
+def test_restart_skips_the_incomplete_checkpoint_with_a_warning(faults):
+    assert faults.restarted.returncode == 0, faults.restarted.output
+    skipped = f"{faults.root}/step-{faults.newest + 1}"
+    warning = rf"WARNING .*skipping incomplete checkpoint {re.escape(skipped)} "
+    assert re.search(warning, faults.restarted.output), faults.restarted.output
+
+
+def test_restart_resumes_from_the_last_complete_checkpoint(faults):
+    assert f"resumed from {faults.root}/step-{faults.newest} " in faults.restarted.output
+    assert sorted(faults.restarted.losses) == [faults.newest + 1, faults.newest + 2]
+    assert complete_steps(faults.root)[-1] == faults.newest + 2
+    # the planted incomplete directory was older than the new checkpoint: pruned as a crash leftover
+    assert not (faults.root / f"step-{faults.newest + 1}").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------
+def test_torchao_fp8_emulate_trains_and_checkpoints(tmp_path):
+    pytest.importorskip("torchao")
+    run = torchrun(["run.steps=3", "fp8.backend=torchao", "fp8.emulate=true", f"checkpoint.dir={tmp_path}"],
+                   resume="none")
+    assert run.returncode == 0, run.output
+    assert "fp8 backend torchao" in run.output
+    losses = run.losses
+    assert sorted(losses) == [1, 2, 3]
+    assert all(0 < loss < 10 for loss in losses.values()), losses
+    assert complete_steps(tmp_path) == [3]

@@ -1,0 +1,102 @@
+"""The loop's pieces in one process (gradient accumulation, clipping) and the ``python -m training`` CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from training.__main__ import build_parser
+from training.fp8 import Fp8Config, build_fp8_backend
+from training.train import _forward_backward, clip_grad_norm_
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def tiny_lm(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Embedding(16, 8), nn.Linear(8, 16))
+
+
+def test_accumulated_gradients_equal_the_full_batch_gradients():
+    torch.manual_seed(1)
+    inputs, targets = torch.randint(0, 16, (4, 6)), torch.randint(0, 16, (4, 6))
+    full = tiny_lm()
+    logits = full(inputs)
+    F.cross_entropy(logits.flatten(0, 1), targets.flatten()).backward()
+
+    accumulated = tiny_lm()
+    halves = [(inputs[:2], targets[:2]), (inputs[2:], targets[2:])]
+    no_fp8 = build_fp8_backend(Fp8Config(backend="none"))
+    loss = _forward_backward(accumulated, no_fp8, halves, grad_accum_steps=2)
+
+    expected_loss = F.cross_entropy(full(inputs).flatten(0, 1), targets.flatten())
+    assert loss.item() == pytest.approx(expected_loss.item(), rel=1e-6)
+    assert not loss.requires_grad
+    for a, b in zip(full.parameters(), accumulated.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_clip_grad_norm_returns_the_norm_before_clipping_and_clips_to_max():
+    model = nn.Linear(3, 1, bias=False)
+    model.weight.grad = torch.tensor([[3.0, 4.0, 0.0]])
+    norm = clip_grad_norm_(model, max_norm=1.0)
+    assert norm.item() == pytest.approx(5.0)
+    torch.testing.assert_close(model.weight.grad, torch.tensor([[0.6, 0.8, 0.0]]))
+
+
+def test_clip_grad_norm_zero_only_measures():
+    model = nn.Linear(3, 1, bias=False)
+    model.weight.grad = torch.tensor([[3.0, 4.0, 0.0]])
+    assert clip_grad_norm_(model, max_norm=0.0).item() == pytest.approx(5.0)
+    torch.testing.assert_close(model.weight.grad, torch.tensor([[3.0, 4.0, 0.0]]))
+
+
+# ---------------------------------------------------------------------------------------------------------
+def run_cli(*args: str, timeout: int = 180) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    return subprocess.run([sys.executable, "-m", "training", *args], cwd=REPO, env=env, text=True,
+                          capture_output=True, timeout=timeout)
+
+
+def test_help_describes_the_options():
+    text = build_parser().format_help()
+    for option in ("--config", "--set", "--resume", "auto", "none", "PATH"):
+        assert option in text
+
+
+def test_a_config_error_is_one_line_and_exit_2():
+    proc = run_cli("--set", "optim.lr=-1")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "config error: optim.lr=-1.0: allowed: a finite number > 0"
+    ]
+    assert proc.stdout == ""
+
+
+def test_a_resume_path_that_is_not_a_checkpoint_is_a_config_error(tmp_path):
+    proc = run_cli("--resume", str(tmp_path), "--set", "run.steps=1")
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert f"config error: --resume={str(tmp_path)!r}: not a complete checkpoint" in proc.stderr
+
+
+@pytest.mark.slow
+def test_the_embedded_default_trains_as_one_process_without_torchrun(tmp_path):
+    # the README's `python -m training` (tiny-cpu.toml), shortened; checkpoints into tmp_path
+    proc = run_cli("--set", "run.steps=20", "--set", "run.log_interval_steps=10",
+                   "--set", f"checkpoint.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [r["step"] for r in records] == [1, 10, 20]
+    assert records[-1]["loss"] < records[0]["loss"]
+    assert (tmp_path / "step-20" / "train_state.json").is_file()

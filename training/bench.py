@@ -1,0 +1,333 @@
+"""``python -m training.bench``: tokens/s, model TFLOP/s, MFU and peak memory of full training steps
+(forward + backward + AdamW step) for the FP8 backends none, torchao and te, on the same model and shapes in
+one run.
+
+Each backend gets a fresh model built in the training order (meta device -> FP8 conversion -> activation
+checkpointing -> compile -> FSDP2 on a one-rank mesh -> to_empty -> init_weights -> AdamW), then runs
+``--warmup-steps`` untimed steps (compilation, allocator warm-up, FP8 scale history) and ``--steps`` timed
+ones on random tokens, so data loading is not measured. Timing: CUDA events on a GPU, perf_counter on the
+CPU. FLOPs per token follow training.model.flops_per_token (attention counted), MFU is against the GPU's
+dense BF16 peak from the instance catalog, also for the FP8 backends, so the columns compare directly.
+On a CPU it runs the tiny preset by default, with torchao in emulate mode (a smoke test of the path, not a
+speed measurement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import resource
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from training.errors import ConfigError
+from training.fp8 import BACKENDS, Fp8Config, build_fp8_backend
+from training.hardware import device_name, peak_bf16_tflops_per_gpu
+from training.model import MODEL_PRESETS, Transformer, build_model_config, count_params, flops_per_token
+from training.optim import OptimConfig, build_optimizer
+from training.parallelize import (
+    DistInfo,
+    ParallelConfig,
+    apply_parallelism,
+    build_data_parallel_mesh,
+    destroy_distributed,
+    init_distributed,
+)
+
+GIB = 1024**3
+
+
+@dataclass
+class BenchResult:
+    """One backend's row."""
+
+    backend: str
+    status: str  # ok | skipped | failed
+    reason: str = ""  # why it was skipped or how it failed
+    tokens_per_s: float | None = None  # tokens per second through the timed steps
+    tflops: float | None = None  # model TFLOP/s (flops_per_token x tokens/s)
+    mfu: float | None = None  # tflops / the GPU's dense BF16 peak; None on a CPU or an unknown GPU
+    step_time_ms: float | None = None  # mean wall time of one timed step
+    peak_memory_gib: float | None = None  # GPU: max allocated; CPU: the process's max RSS so far
+    final_loss: float | None = None  # loss of the last timed step (a sanity check of the numerics)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m training.bench",
+        description="Measure training-step throughput (tokens/s, TFLOP/s, MFU) and peak memory per FP8 "
+        "backend on one device. Defaults: the 1b preset at seq 4096 on a GPU, the tiny preset on a CPU.",
+    )
+    parser.add_argument(
+        "--preset", choices=list(MODEL_PRESETS), help="model shape (default: 1b on GPU, tiny on CPU)"
+    )
+    parser.add_argument("--seq-len", type=int, help="tokens per sample (default: 4096 on GPU, 128 on CPU)")
+    parser.add_argument("--micro-batch-size", type=int, help="samples per step (default: 2 on GPU, 8 on CPU)")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per backend (default: 10)")
+    parser.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first (default: 3)")
+    parser.add_argument(
+        "--backends",
+        default=",".join(BACKENDS),
+        help="comma-separated FP8 backends (default: none,torchao,te)",
+    )
+    parser.add_argument(
+        "--activation-checkpointing", action="store_true", help="recompute blocks in backward"
+    )
+    parser.add_argument("--compile", action="store_true", help="torch.compile each transformer block")
+    parser.add_argument("--json", type=Path, metavar="PATH", help="also write the results as JSON to PATH")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the random tokens")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        backends = _parse_backends(args.backends)
+        for name in ("steps", "warmup_steps", "seq_len", "micro_batch_size"):
+            value = getattr(args, name)
+            if value is not None and value < (0 if name == "warmup_steps" else 1):
+                raise ConfigError(
+                    f"--{name.replace('_', '-')}={value}: allowed: an integer >= 1 (warmup: >= 0)"
+                )
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    info = init_distributed()
+    if info.world_size != 1:
+        destroy_distributed()
+        print("error: training.bench measures one device; run it without torchrun", file=sys.stderr)
+        return 2
+    on_gpu = info.device.type == "cuda"
+    preset = args.preset or ("1b" if on_gpu else "tiny")
+    seq_len = args.seq_len or (4096 if on_gpu else 128)
+    micro_batch_size = args.micro_batch_size or (2 if on_gpu else 8)
+    model_cfg = build_model_config(preset)
+    # bf16 params on a GPU (the training default); float32 on a CPU, where bf16 matmuls are slow reference
+    # kernels on most CPUs (see configs/tiny-cpu.toml)
+    parallel_cfg = ParallelConfig(
+        activation_checkpointing=args.activation_checkpointing,
+        compile=args.compile,
+        param_dtype="bfloat16" if on_gpu else "float32",
+    )
+    header = {
+        "device": device_name(info.device),
+        "preset": preset,
+        "params": count_params(model_cfg),
+        "seq_len": seq_len,
+        "micro_batch_size": micro_batch_size,
+        "flops_per_token": flops_per_token(model_cfg, seq_len),
+        "peak_bf16_tflops": peak_bf16_tflops_per_gpu(info.device),
+        "parallel": asdict(parallel_cfg),
+        "versions": {},  # filled after the runs, when the backends' packages are imported
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    results = []
+    try:
+        for backend in backends:
+            results.append(
+                run_backend(
+                    backend,
+                    model_cfg,
+                    parallel_cfg,
+                    info,
+                    seq_len=seq_len,
+                    micro_batch_size=micro_batch_size,
+                    steps=args.steps,
+                    warmup_steps=args.warmup_steps,
+                    seed=args.seed,
+                    header=header,
+                )
+            )
+    finally:
+        destroy_distributed()
+    header["versions"] = _versions()
+    print(format_table(header, results))
+    if args.json:
+        args.json.write_text(json.dumps({**header, "results": [asdict(r) for r in results]}, indent=2) + "\n")
+    return 1 if any(r.status == "failed" for r in results) else 0
+
+
+def run_backend(
+    backend: str,
+    model_cfg,
+    parallel_cfg: ParallelConfig,
+    info: DistInfo,
+    *,
+    seq_len: int,
+    micro_batch_size: int,
+    steps: int,
+    warmup_steps: int,
+    seed: int,
+    header: dict,
+) -> BenchResult:
+    """Build, warm up and time one backend; a missing package or unsupported combination is a skip."""
+    on_gpu = info.device.type == "cuda"
+    if backend == "te" and parallel_cfg.compile:
+        return BenchResult(backend, "skipped", "not with --compile (see TrainConfig.validate)")
+    try:
+        fp8 = build_fp8_backend(Fp8Config(backend=backend, emulate=backend == "torchao" and not on_gpu))
+    except ConfigError as exc:
+        return BenchResult(backend, "skipped", str(exc))
+    _reset_peak_memory(info.device)
+    try:
+        elapsed_s, loss = _measure(
+            fp8,
+            model_cfg,
+            parallel_cfg,
+            info,
+            seq_len=seq_len,
+            micro_batch_size=micro_batch_size,
+            steps=steps,
+            warmup_steps=warmup_steps,
+            seed=seed,
+        )
+    except Exception as exc:  # an OOM or a kernel error in one backend must not hide the others' numbers
+        return BenchResult(backend, "failed", f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
+    finally:  # the model and optimizer died with _measure's frame; give their memory back before the next
+        gc.collect()
+        if on_gpu:
+            torch.cuda.empty_cache()
+    tokens_per_s = steps * micro_batch_size * seq_len / elapsed_s
+    tflops = header["flops_per_token"] * tokens_per_s / 1e12
+    peak = header["peak_bf16_tflops"]
+    return BenchResult(
+        backend,
+        "ok",
+        tokens_per_s=tokens_per_s,
+        tflops=tflops,
+        mfu=tflops / peak if peak else None,
+        step_time_ms=1000 * elapsed_s / steps,
+        peak_memory_gib=_peak_memory_gib(info.device),
+        final_loss=float(loss),
+    )
+
+
+def _measure(
+    fp8,
+    model_cfg,
+    parallel_cfg: ParallelConfig,
+    info: DistInfo,
+    *,
+    seq_len: int,
+    micro_batch_size: int,
+    steps: int,
+    warmup_steps: int,
+    seed: int,
+) -> tuple[float, torch.Tensor]:
+    """Build the model in the training order (training/train.py) minus data and checkpoints, warm up, and
+    return (seconds for the timed steps, last loss)."""
+    with torch.device("meta"):
+        model = Transformer(model_cfg)
+    fp8.convert(model)
+    apply_parallelism(model, parallel_cfg, build_data_parallel_mesh(info))
+    model.to_empty(device=info.device)
+    model.init_weights(seed=seed)
+    optimizer = build_optimizer(model, OptimConfig(lr=1e-4, warmup_steps=0))
+    tokens = torch.randint(
+        0,
+        model_cfg.vocab_size,
+        (micro_batch_size, seq_len + 1),
+        generator=torch.Generator().manual_seed(seed),
+    ).to(info.device)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+
+    def step() -> torch.Tensor:
+        with fp8.autocast():
+            logits = model(inputs)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        fp8.post_optimizer_step(model)
+        return loss.detach()
+
+    for _ in range(warmup_steps):
+        step()
+    return _timed(step, steps, info.device)
+
+
+def _timed(step, steps: int, device: torch.device) -> tuple[float, torch.Tensor]:
+    """Seconds for ``steps`` calls of ``step``: CUDA events around the queued work on a GPU (host timing
+    would stop before the GPU finished), perf_counter on a CPU."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize(device)
+        start.record()
+        for _ in range(steps):
+            loss = step()
+        end.record()
+        torch.cuda.synchronize(device)
+        return start.elapsed_time(end) / 1000, loss.cpu()
+    began = time.perf_counter()
+    for _ in range(steps):
+        loss = step()
+    return time.perf_counter() - began, loss
+
+
+def _reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak_memory_gib(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / GIB
+    # ru_maxrss is KiB on Linux; it cannot be reset, so on a CPU it is the process peak so far
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
+
+
+def _parse_backends(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in BACKENDS]
+    if unknown or not names:
+        raise ConfigError(f"--backends={text!r}: allowed: a comma-separated subset of {', '.join(BACKENDS)}")
+    return list(dict.fromkeys(names))
+
+
+def _versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {"python": sys.version.split()[0], "torch": torch.__version__}
+    versions["cuda"] = torch.version.cuda
+    for module in ("torchao", "transformer_engine"):
+        mod = sys.modules.get(module)
+        versions[module] = getattr(mod, "__version__", None) if mod else None
+    return versions
+
+
+def format_table(header: dict, results: list[BenchResult]) -> str:
+    """The human-readable report: one line of context, one row per backend, then the skip/fail reasons."""
+    lines = [
+        f"device {header['device']} | preset {header['preset']} ({header['params'] / 1e6:.1f}M params)"
+        + f" | seq {header['seq_len']} x micro-batch {header['micro_batch_size']}"
+        + f" | {header['flops_per_token'] / 1e9:.3f} GFLOP/token"
+        + f" | AC {'on' if header['parallel']['activation_checkpointing'] else 'off'}"
+        + f" | compile {'on' if header['parallel']['compile'] else 'off'}",
+        f"{'backend':<8} {'status':<8} {'tokens/s':>12} {'TFLOP/s':>9} {'MFU':>7} {'step ms':>9} "
+        f"{'peak GiB':>9} {'loss':>8}",
+    ]
+    for r in results:
+        lines.append(
+            f"{r.backend:<8} {r.status:<8} {_fmt(r.tokens_per_s, '.1f'):>12} {_fmt(r.tflops, '.3f'):>9} "
+            f"{_fmt(r.mfu and 100 * r.mfu, '.1f', '%'):>7} {_fmt(r.step_time_ms, '.1f'):>9} "
+            f"{_fmt(r.peak_memory_gib, '.2f'):>9} {_fmt(r.final_loss, '.4f'):>8}"
+        )
+    lines += [f"{r.backend}: {r.status}: {r.reason}" for r in results if r.reason]
+    if header["peak_bf16_tflops"] is None:
+        lines.append("MFU: not reported (no GPU peak known for this device)")
+    return "\n".join(lines)
+
+
+def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:{spec}}{suffix}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,258 @@
+"""Per-step metrics: a JSON line on rank 0's stdout, a progress line on its stderr, optional CloudWatch.
+
+The JSON line is the trainer's progress contract with the jobs launcher (docs/architecture.md, "Jobs"):
+``{"event": "step", "step": N, "loss": L, ...}``; N counts completed optimizer steps (1-based).
+
+Step times are averaged over the steps since the last logged step on each rank (after a device synchronize)
+and all-gathered, so a straggler shows up as ``step_time_s_max`` with ``slowest_rank`` naming it. Throughput
+and MFU use the slowest rank's time: that is the pace of the synchronous job.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import resource
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, TextIO
+
+import torch
+import torch.distributed as dist
+
+from training.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+_DIMENSION = re.compile(r"^[^=,]+=[^=,]+$")
+
+
+@dataclass
+class MetricsConfig:
+    """The ``[metrics]`` section. How often to log is ``run.log_interval_steps``."""
+
+    json_lines: bool = True  # one JSON object per logged step on rank 0's stdout (the jobs launcher reads it)
+    progress: bool = True  # a short human-readable progress line per logged step on rank 0's stderr
+    nvml: bool = True  # add GPU utilization, temperature, power and clocks through NVML when available
+    cloudwatch: bool = False  # publish step metrics from rank 0 with CloudWatch PutMetricData (needs boto3)
+    cloudwatch_namespace: str = "TrainingCluster"  # CloudWatch metric namespace
+    cloudwatch_dimensions: str = ""  # "Name=Value,Name=Value" added to every metric, e.g. "Job=llama-1b"
+    cloudwatch_region: str = ""  # AWS region for CloudWatch; "" = the default boto3 chain (AWS_REGION, ...)
+    cloudwatch_flush_steps: int = 10  # logged steps buffered per PutMetricData call (fewer API calls)
+
+    def validate(self) -> None:
+        if not self.cloudwatch_namespace or self.cloudwatch_namespace.startswith("AWS/"):
+            raise ConfigError(
+                f"metrics.cloudwatch_namespace={self.cloudwatch_namespace!r}: allowed: a non-empty name "
+                "not starting with 'AWS/'"
+            )
+        dims = [d.strip() for d in self.cloudwatch_dimensions.split(",") if d.strip()]
+        if any(not _DIMENSION.match(d) for d in dims) or len(dims) > 30:
+            raise ConfigError(
+                f"metrics.cloudwatch_dimensions={self.cloudwatch_dimensions!r}: allowed: up to 30 "
+                "comma-separated Name=Value pairs, e.g. 'Job=llama-1b,Cluster=p5'"
+            )
+        flush = self.cloudwatch_flush_steps
+        if isinstance(flush, bool) or not isinstance(flush, int) or not 1 <= flush <= 100:
+            raise ConfigError(
+                f"metrics.cloudwatch_flush_steps={self.cloudwatch_flush_steps!r}: allowed: an integer 1..100"
+            )
+
+    def dimensions(self) -> list[dict[str, str]]:
+        """The configured dimensions in PutMetricData's shape."""
+        pairs = [d.strip().split("=", 1) for d in self.cloudwatch_dimensions.split(",") if d.strip()]
+        return [{"Name": k.strip(), "Value": v.strip()} for k, v in pairs]
+
+
+@dataclass(frozen=True)
+class ThroughputModel:
+    """What turns a step time into tokens/s, TFLOP/s and MFU."""
+
+    tokens_per_step: int  # tokens one optimizer step consumes across all ranks
+    world_size: int  # ranks sharing those tokens (GPUs)
+    flops_per_token: float  # model training FLOPs per token (training.model.flops_per_token)
+    peak_tflops_per_gpu: float | None  # dense BF16 peak of one GPU (training.hardware); None on CPU
+
+
+def summarize_ranks(step_times_s: list[float]) -> dict[str, Any]:
+    """min/max of the per-rank step times and the rank with the max (the straggler)."""
+    slowest = max(range(len(step_times_s)), key=lambda r: step_times_s[r])
+    return {"step_time_s_min": min(step_times_s), "step_time_s_max": step_times_s[slowest],
+            "slowest_rank": slowest}
+
+
+def throughput(step_time_s: float, model: ThroughputModel) -> dict[str, float | None]:
+    tokens_per_s = model.tokens_per_step / step_time_s
+    tflops = tokens_per_s * model.flops_per_token / model.world_size / 1e12  # model TFLOP/s per GPU
+    mfu = tflops / model.peak_tflops_per_gpu if model.peak_tflops_per_gpu else None
+    return {"tokens_per_s": tokens_per_s, "tflops": tflops, "mfu": mfu}
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """Peak memory of this process: CUDA's max allocated on a GPU, the process's peak RSS on a CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30  # ru_maxrss is KiB on Linux
+
+
+class GpuSampler:
+    """GPU utilization, temperature, power and SM clock through torch.cuda's NVML wrappers (they need
+    pynvml / nvidia-ml-py). Turns itself off after the first failure, so a missing NVML costs one try."""
+
+    def __init__(self, device: torch.device, enabled: bool):
+        self.device = device
+        self.enabled = enabled and device.type == "cuda"
+
+    def sample(self) -> dict[str, float]:
+        if not self.enabled:
+            return {}
+        try:
+            return {
+                "gpu_util_pct": float(torch.cuda.utilization(self.device)),
+                "gpu_temp_c": float(torch.cuda.temperature(self.device)),
+                "gpu_power_w": torch.cuda.power_draw(self.device) / 1000.0,  # NVML reports milliwatts
+                "gpu_clock_mhz": float(torch.cuda.clock_rate(self.device)),
+            }
+        except Exception as exc:  # ModuleNotFoundError (no pynvml), NVML errors: metrics are optional
+            log.info("GPU metrics through NVML unavailable (%s); not sampling them", exc)
+            self.enabled = False
+            return {}
+
+
+# CloudWatch: metric name, JSON key, unit (PutMetricData's StandardUnit values)
+_CLOUDWATCH_METRICS = (
+    ("Loss", "loss", "None"),
+    ("LearningRate", "lr", "None"),
+    ("TokensPerSecond", "tokens_per_s", "Count/Second"),
+    ("ModelTFLOPSPerGPU", "tflops", "None"),
+    ("MFU", "mfu", "None"),
+    ("StepTimeMax", "step_time_s_max", "Seconds"),
+    ("GradNorm", "grad_norm", "None"),
+    ("PeakMemoryGiB", "mem_gib", "None"),  # GiB; CloudWatch's "Gigabytes" unit does not say 2**30
+)
+
+
+class CloudWatchPublisher:
+    """Buffers step records and sends them with PutMetricData from a background thread: a slow or failing API
+    call never stalls or ends training (failures are logged)."""
+
+    def __init__(self, cfg: MetricsConfig, *, client: Any = None):
+        if client is None:
+            import boto3  # lazy: only rank 0 with metrics.cloudwatch=true needs it
+
+            client = boto3.client("cloudwatch", **({"region_name": cfg.cloudwatch_region}
+                                                   if cfg.cloudwatch_region else {}))
+        self._client = client
+        self._namespace = cfg.cloudwatch_namespace
+        self._dimensions = cfg.dimensions()
+        self._flush_steps = cfg.cloudwatch_flush_steps
+        self._buffer: list[dict[str, Any]] = []
+        self._buffered_steps = 0
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cloudwatch")
+        self._lock = threading.Lock()
+        self.failures = 0
+
+    def add(self, record: dict[str, Any]) -> None:
+        timestamp = datetime.now(timezone.utc)  # noqa: UP017  (datetime.UTC is 3.11+; nodes may run 3.10)
+        for name, key, unit in _CLOUDWATCH_METRICS:
+            value = record.get(key)
+            if value is None or not math.isfinite(value):  # PutMetricData rejects NaN and infinities
+                continue
+            self._buffer.append({"MetricName": name, "Dimensions": self._dimensions, "Timestamp": timestamp,
+                                 "Value": float(value), "Unit": unit})
+        self._buffered_steps += 1
+        if self._buffered_steps >= self._flush_steps:
+            self.flush()
+
+    def flush(self) -> None:
+        data, self._buffer, self._buffered_steps = self._buffer, [], 0
+        if data:
+            self._executor.submit(self._send, data)
+
+    def close(self) -> None:
+        self.flush()
+        self._executor.shutdown(wait=True)
+
+    def _send(self, data: list[dict[str, Any]]) -> None:
+        # one call: PutMetricData takes up to 1000 data items (CloudWatch API reference, PutMetricData), and
+        # a flush holds at most cloudwatch_flush_steps (<= 100) x 8 metrics
+        try:
+            self._client.put_metric_data(Namespace=self._namespace, MetricData=data)
+        except Exception as exc:  # botocore ClientError, no credentials, endpoint unreachable
+            with self._lock:
+                self.failures += 1
+            log.warning("CloudWatch PutMetricData failed (%s); training continues", exc)
+
+
+class MetricsLogger:
+    """Collects per-rank step timings and, on rank 0, writes the step record. ``log_step`` is collective."""
+
+    def __init__(self, cfg: MetricsConfig, *, rank: int, world_size: int, device: torch.device,
+                 model: ThroughputModel, stdout: TextIO | None = None, stderr: TextIO | None = None,
+                 cloudwatch: CloudWatchPublisher | None = None):
+        self.cfg = cfg
+        self.rank = rank
+        self.world_size = world_size
+        self.device = device
+        self.model = model
+        self.stdout = stdout or sys.stdout
+        self.stderr = stderr or sys.stderr
+        self.gpu = GpuSampler(device, cfg.nvml)
+        self.cloudwatch = cloudwatch
+        if cloudwatch is None and cfg.cloudwatch and rank == 0:
+            self.cloudwatch = CloudWatchPublisher(cfg)
+
+    def log_step(self, *, step: int, total_steps: int, loss: torch.Tensor, lr: float, grad_norm: torch.Tensor,
+                 step_time_s: float) -> dict[str, Any] | None:
+        """Gather ``[step_time_s, loss]`` from every rank; rank 0 emits and returns the record. ``loss`` is
+        this rank's mean loss of the step, ``step_time_s`` its mean step time since the last logged step."""
+        local = torch.tensor([step_time_s, float(loss)], dtype=torch.float64, device=self.device)
+        if dist.is_available() and dist.is_initialized() and self.world_size > 1:
+            gathered = [torch.empty_like(local) for _ in range(self.world_size)]
+            dist.all_gather(gathered, local)
+        else:
+            gathered = [local]
+        if self.rank != 0:
+            return None
+        rows = torch.stack(gathered).cpu().tolist()
+        times = [row[0] for row in rows]
+        mean_loss = sum(row[1] for row in rows) / len(rows)
+        record: dict[str, Any] = {"event": "step", "step": step, "loss": mean_loss, "lr": lr}
+        ranks = summarize_ranks(times)
+        record.update(throughput(ranks["step_time_s_max"], self.model))
+        record.update(ranks)
+        record["grad_norm"] = float(grad_norm)
+        record["mem_gib"] = peak_memory_gib(self.device)
+        record.update(self.gpu.sample())
+        self._emit(record, total_steps)
+        return record
+
+    def _emit(self, record: dict[str, Any], total_steps: int) -> None:
+        if self.cfg.json_lines:
+            # strict JSON has no NaN/Infinity: a diverged loss is written as null (the stderr line shows nan)
+            self.stdout.write(json.dumps(_json_safe(record), allow_nan=False) + "\n")
+            self.stdout.flush()
+        if self.cfg.progress:
+            mfu = f" mfu {record['mfu']:.1%}" if record["mfu"] is not None else ""
+            self.stderr.write(
+                f"step {record['step']}/{total_steps} loss {record['loss']:.4f} lr {record['lr']:.2e} "
+                f"{record['tokens_per_s']:,.0f} tok/s {record['tflops']:.2f} TFLOP/s{mfu} "
+                f"step {record['step_time_s_max'] * 1000:.0f} ms (slowest rank {record['slowest_rank']}) "
+                f"mem {record['mem_gib']:.2f} GiB\n"
+            )
+            self.stderr.flush()
+        if self.cloudwatch is not None:
+            self.cloudwatch.add(record)
+
+    def close(self) -> None:
+        if self.cloudwatch is not None:
+            self.cloudwatch.close()
+
+
+def _json_safe(record: dict[str, Any]) -> dict[str, Any]:
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}

@@ -1,0 +1,315 @@
+"""A Llama-style decoder: RMSNorm, rotary position embeddings, SwiGLU and grouped-query attention through
+``scaled_dot_product_attention``.
+
+No parallelism here (nanoGPT's habit): FSDP2, FP8 and compilation are applied from outside by
+training.fp8 and training.parallelize. The module tree mirrors torchtitan's ``models/llama3/model.py``
+(``tok_embeddings``, ``layers``, ``norm``, ``output``) so the per-block FSDP2 wrapping and the FP8 module
+filter can address the parts by name. The model is built on the meta device and initialised after sharding, so
+``init_weights()`` is the only place that gives parameters their values.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from training.errors import ConfigError
+
+# Shape presets. Sources: Meta's params.json / Hugging Face config.json of the released checkpoints
+# (meta-llama/Llama-3.2-1B: hidden 2048, 16 layers, 32 heads, 8 kv heads, intermediate 8192, vocab 128256,
+# rope_theta 500000, rms_norm_eps 1e-5; Meta-Llama-3-8B: 4096, 32, 32, 8, 14336; Meta-Llama-3-70B: 8192, 80,
+# 64, 8, 28672), and torchtitan's models/llama3/__init__.py (llama3_configs "8B" and "70B": dim 4096/8192,
+# n_layers 32/80, n_heads 32/64, n_kv_heads 8, ffn_dim_multiplier 1.3, multiple_of 1024/4096, theta 500000,
+# which gives the same hidden sizes 14336 and 28672). The released 1B ties its input and output
+# embeddings; here they stay separate (as in torchtitan) so the meta-device build, FSDP2 and the FP8 filter
+# need no special case: the "1b" preset has 1.50B parameters instead of 1.24B, with the same blocks.
+# "125m" is GPT-2-small's width and depth (768 x 12 layers, 12 heads) in Llama form, with 4 kv heads and a
+# 32000 vocabulary (the Llama-2 tokenizer size): 124.7M parameters, 100M of them outside the embedding.
+MODEL_PRESETS: dict[str, dict[str, int | float]] = {
+    # trains on a laptop CPU in seconds; vocab 256 fits the byte-level tokenizer
+    "tiny": dict(
+        dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=192, vocab_size=256, rope_theta=10000.0
+    ),
+    "125m": dict(
+        dim=768, n_layers=12, n_heads=12, n_kv_heads=4, ffn_dim=2048, vocab_size=32000, rope_theta=10000.0
+    ),
+    "1b": dict(
+        dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim=8192, vocab_size=128256, rope_theta=500000.0
+    ),
+    "llama3-8b": dict(
+        dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14336, vocab_size=128256, rope_theta=500000.0
+    ),
+    "llama3-70b": dict(
+        dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_dim=28672, vocab_size=128256, rope_theta=500000.0
+    ),
+}
+
+
+@dataclass
+class ModelConfig:
+    """The ``[model]`` section. With ``preset`` set, the preset's shape fills every shape field the file or
+    ``--set`` does not give (resolved by training.config.load_config)."""
+
+    preset: str = ""  # name in MODEL_PRESETS ("tiny", "125m", "1b", "llama3-8b", "llama3-70b"); "" = custom
+    dim: int = 64  # model (residual stream) width
+    n_layers: int = 2  # transformer blocks
+    n_heads: int = 4  # query heads; head_dim = dim / n_heads
+    n_kv_heads: int = 2  # key/value heads (grouped-query attention); divides n_heads
+    ffn_dim: int = 192  # SwiGLU hidden width
+    vocab_size: int = 256  # tokens in the vocabulary (the embedding and output head rows)
+    rope_theta: float = 10000.0  # RoPE base frequency
+    norm_eps: float = 1e-5  # RMSNorm epsilon
+    init_std: float = 0.02  # std of the normal init of the linear layers (torchtitan's default)
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    def validate(self) -> None:
+        if self.preset and self.preset not in MODEL_PRESETS:
+            raise ConfigError(
+                f"model.preset={self.preset!r}: allowed: {', '.join(MODEL_PRESETS)} or '' (custom)"
+            )
+        for name in ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"model.{name}={value!r}: allowed: an integer >= 1")
+        if self.dim % self.n_heads:
+            raise ConfigError(f"model.n_heads={self.n_heads!r}: allowed: a divisor of model.dim ({self.dim})")
+        if self.head_dim % 2:
+            raise ConfigError(
+                f"model.n_heads={self.n_heads!r}: allowed: a value giving an even head_dim (dim / n_heads = "
+                f"{self.head_dim}); RoPE rotates pairs of channels"
+            )
+        if self.n_heads % self.n_kv_heads:
+            raise ConfigError(
+                f"model.n_kv_heads={self.n_kv_heads!r}: allowed: a divisor of model.n_heads ({self.n_heads})"
+            )
+        for name in ("rope_theta", "norm_eps", "init_std"):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not (math.isfinite(value) and value > 0)
+            ):
+                raise ConfigError(f"model.{name}={value!r}: allowed: a finite number > 0")
+
+
+SHAPE_FIELDS = tuple(f.name for f in fields(ModelConfig) if f.name != "preset")
+
+
+def build_model_config(preset: str, **overrides: int | float | str) -> ModelConfig:
+    """A validated ModelConfig from a preset name plus explicit field values (which win)."""
+    if preset not in MODEL_PRESETS:
+        raise ConfigError(f"model.preset={preset!r}: allowed: {', '.join(MODEL_PRESETS)}")
+    cfg = ModelConfig(preset=preset, **{**MODEL_PRESETS[preset], **overrides})
+    cfg.validate()
+    return cfg
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square layer norm (Zhang & Sennrich 2019), computed in float32 for stability."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).type_as(x) * self.weight
+
+
+def rope_cos_sin(
+    seq_len: int, head_dim: int, theta: float, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables [seq_len, head_dim] of rotary embeddings (Su et al. 2021), in float32.
+
+    Computed per forward instead of kept in a buffer: a buffer built on the meta device would need its own
+    re-initialisation after ``to_empty``, and the table costs seq_len * head_dim / 2 multiplications."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
+    angles = torch.cat(
+        (angles, angles), dim=-1
+    )  # the "rotate half" layout pairs channel i with i + head_dim/2
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [B, heads, T, head_dim] by position (the GPT-NeoX / Hugging Face "rotate half" layout)."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return (x.float() * cos + rotated * sin).type_as(x)
+
+
+class Attention(nn.Module):
+    """Causal grouped-query self-attention: n_kv_heads key/value heads shared by groups of query heads."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.n_kv_heads = cfg.n_kv_heads
+        self.head_dim = cfg.head_dim
+        self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        batch, seq_len, _ = x.shape
+        q = self.wq(x).view(batch, seq_len, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(batch, seq_len, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(batch, seq_len, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # Each kv head serves n_heads / n_kv_heads query heads. Repeating k and v (torchtitan's repeat_kv)
+        # rather than SDPA's enable_gqa=True keeps every fused backend (flash, cuDNN, memory-efficient)
+        # eligible: enable_gqa rules some of them out and the math fallback would materialise T x T scores.
+        # The copies cost 2 x B x T x dim activations per layer.
+        k, v = _repeat_kv(k, self.n_heads // self.n_kv_heads), _repeat_kv(v, self.n_heads // self.n_kv_heads)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(out.transpose(1, 2).reshape(batch, seq_len, self.n_heads * self.head_dim))
+
+
+def _repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """[B, kv_heads, T, D] -> [B, kv_heads * n_rep, T, D], each kv head repeated for its query-head group."""
+    if n_rep == 1:
+        return x
+    batch, kv_heads, seq_len, head_dim = x.shape
+    return (
+        x[:, :, None]
+        .expand(batch, kv_heads, n_rep, seq_len, head_dim)
+        .reshape(batch, kv_heads * n_rep, seq_len, head_dim)
+    )
+
+
+class FeedForward(nn.Module):
+    """SwiGLU (Shazeer 2020): w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
+        self.w2 = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
+        self.w3 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm block: x + attention(norm(x)), then + feed_forward(norm(.))."""
+
+    def __init__(self, layer_id: int, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attention = Attention(cfg)
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.feed_forward = FeedForward(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    """The decoder: token embeddings -> blocks -> RMSNorm -> output head (logits)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(TransformerBlock(i, cfg) for i in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [B, T] int64 -> logits [B, T, vocab_size]."""
+        h = self.tok_embeddings(tokens)
+        cos, sin = rope_cos_sin(tokens.shape[1], self.cfg.head_dim, self.cfg.rope_theta, h.device)
+        for layer in self.layers:
+            h = layer(h, cos, sin)
+        return self.output(self.norm(h))
+
+    @torch.no_grad()
+    def init_weights(self, seed: int | None = None) -> None:
+        """Give every parameter its initial value (after ``to_empty`` when the model was built on meta).
+
+        torchtitan's llama3 init: embeddings N(0, 1); q/k/v and w1 N(0, init_std) truncated at 2 std; the
+        projections back into the residual stream (wo, w2, w3) get the depth-scaled std
+        init_std / sqrt(2 * (layer_id + 1)) so the residual stream's variance stays bounded with depth; the
+        output head N(0, dim^-0.5) truncated at 3 std; norms 1.
+
+        ``seed``: draw from a generator seeded with it (else from the global RNG). Each sharded (DTensor)
+        weight is drawn whole and then sliced to this rank's shard, so the model is the same for any number
+        of ranks and every shard differs: DTensor's own random ops are not shard-aware on CPU meshes (each
+        rank drew the same values for its shard in torch 2.13)."""
+        device = self.norm.weight.device
+        generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
+        _init_(self.tok_embeddings.weight, lambda t: nn.init.normal_(t, generator=generator))
+        # modules(), not self.layers: the blocks may sit inside checkpoint wrappers
+        for layer in (m for m in self.modules() if isinstance(m, TransformerBlock)):
+            depth_std = self.cfg.init_std / math.sqrt(2 * (layer.layer_id + 1))
+            attn, ffn = layer.attention, layer.feed_forward
+            for linear in (attn.wq, attn.wk, attn.wv, ffn.w1):
+                _init_(linear.weight, _trunc_normal(self.cfg.init_std, 2.0, generator))
+            for linear in (attn.wo, ffn.w2, ffn.w3):
+                _init_(linear.weight, _trunc_normal(depth_std, 2.0, generator))
+            _init_(layer.attention_norm.weight, nn.init.ones_)
+            _init_(layer.ffn_norm.weight, nn.init.ones_)
+        _init_(self.norm.weight, nn.init.ones_)
+        _init_(self.output.weight, _trunc_normal(self.cfg.dim**-0.5, 3.0, generator))
+
+
+def _trunc_normal(
+    std: float, cutoff_std: float, generator: torch.Generator | None
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda t: nn.init.trunc_normal_(
+        t, std=std, a=-cutoff_std * std, b=cutoff_std * std, generator=generator
+    )
+
+
+def _init_(weight: torch.Tensor, fill: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """Fill ``weight`` in place; a DTensor (FSDP2 shard) is filled whole, then this rank's shard is kept."""
+    from torch.distributed.tensor import DTensor, distribute_tensor  # only the sharded case needs it
+
+    if not isinstance(weight, DTensor):
+        fill(weight)
+        return
+    full = fill(torch.empty(weight.shape, dtype=weight.dtype, device=weight.to_local().device))
+    # src_data_rank=None: every rank holds the same full tensor, so each slices its own shard locally
+    weight.copy_(distribute_tensor(full, weight.device_mesh, weight.placements, src_data_rank=None))
+
+
+def count_params(cfg: ModelConfig, *, include_embedding: bool = True) -> int:
+    """Parameters of Transformer(cfg), computed from the shape (no model needed)."""
+    kv_width = cfg.n_kv_heads * cfg.head_dim
+    attention = 2 * cfg.dim * cfg.dim + 2 * cfg.dim * kv_width  # wq, wo + wk, wv
+    feed_forward = 3 * cfg.dim * cfg.ffn_dim
+    block = attention + feed_forward + 2 * cfg.dim  # + two RMSNorm weights
+    non_embedding = cfg.n_layers * block + cfg.dim + cfg.dim * cfg.vocab_size  # + final norm + output head
+    return non_embedding + (cfg.vocab_size * cfg.dim if include_embedding else 0)
+
+
+def num_params(model: nn.Module) -> int:
+    """Parameters of a built model: the global count, also when FSDP2 has sharded it (DTensor.numel() is the
+    global size)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    """Training FLOPs (forward + backward) per token, the convention of PaLM (Chowdhery et al. 2022, appendix
+    B) and torchtitan's ``get_num_flop_per_token``:
+
+        6 * N + 12 * n_layers * dim * seq_len
+
+    N counts every parameter that takes part in a matmul: all but the token embedding (a lookup), including
+    the output head; 6 = 2 FLOPs per multiply-add x (1 forward + 2 backward). The second term is attention's
+    QK^T and AV matmuls: 2 matmuls x 2 FLOPs x 3 (fwd+bwd) x dim x seq_len per layer, counted over the full
+    T x T score matrix (causal masking is not subtracted), as PaLM and torchtitan do, so MFU figures compare
+    with theirs. Norm weights are included in N; they add < 0.01%."""
+    non_embedding = count_params(cfg, include_embedding=False)
+    return 6.0 * non_embedding + 12.0 * cfg.n_layers * cfg.dim * seq_len

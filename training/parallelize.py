@@ -1,0 +1,149 @@
+"""Process groups, and the parallelism applied to the model in torchtitan's order: activation checkpointing
+-> per-block torch.compile -> FSDP2 ``fully_shard`` per transformer block, then the root.
+
+Under torchrun every rank reads RANK / LOCAL_RANK / WORLD_SIZE (and MASTER_ADDR / MASTER_PORT) from the
+environment. Run as a plain process, the same code path gets a one-rank process group on a free local port,
+so FSDP2 runs on a 1-rank mesh instead of taking a separate non-distributed branch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from training.errors import ConfigError
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ParallelConfig:
+    """The ``[parallel]`` section."""
+
+    activation_checkpointing: bool = False  # recompute each block's activations in backward (less memory)
+    compile: bool = False  # torch.compile each transformer block (Inductor; slow to start on a CPU)
+    param_dtype: str = "bfloat16"  # FSDP2 MixedPrecisionPolicy: dtype params are gathered in for compute
+    reduce_dtype: str = "float32"  # FSDP2 MixedPrecisionPolicy: dtype of the gradient reduce-scatter
+    reshard_after_forward: bool = True  # free gathered block params after forward (ZeRO-3); False keeps them
+
+    def validate(self) -> None:
+        for name in ("param_dtype", "reduce_dtype"):
+            value = getattr(self, name)
+            if value not in DTYPES:
+                raise ConfigError(f"parallel.{name}={value!r}: allowed: {', '.join(DTYPES)}")
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits in the job."""
+
+    rank: int  # global rank
+    local_rank: int  # rank on this node (= the GPU index under torchrun)
+    world_size: int  # processes in the job
+    device: torch.device  # cuda:<local_rank>, or cpu
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed() -> DistInfo:
+    """Join (or create) the default process group and pick this rank's device.
+
+    CUDA: ``cuda:<LOCAL_RANK>`` with NCCL for CUDA tensors plus gloo for CPU tensors (the DCP async save and
+    small CPU-side agreements need a CPU backend; torchtitan initialises the same pair). CPU: gloo. Without
+    torchrun's variables: a single-process group on a free port of 127.0.0.1. Calling it again returns the
+    existing group's view."""
+    use_cuda = torch.cuda.is_available()
+    if all(name in os.environ for name in TORCHRUN_ENV):
+        rank, local_rank, world_size = (_env_int(name) for name in TORCHRUN_ENV)
+        init_method = "env://"
+    else:
+        rank, local_rank, world_size = 0, 0, 1
+        init_method = f"tcp://127.0.0.1:{_free_port()}"
+    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        backend = "cpu:gloo,cuda:nccl" if use_cuda else "gloo"
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
+    else:
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+    return DistInfo(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+
+
+def destroy_distributed() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def build_data_parallel_mesh(info: DistInfo) -> DeviceMesh:
+    """A 1-D mesh over every rank (FSDP2's data-parallel shard dimension, named "dp")."""
+    return init_device_mesh(info.device.type, (info.world_size,), mesh_dim_names=("dp",))
+
+
+def apply_parallelism(model: nn.Module, cfg: ParallelConfig, mesh: DeviceMesh) -> None:
+    """Wrap ``model`` (a training.model.Transformer, typically still on the meta device and already FP8
+    converted) in place: 1) activation checkpointing, 2) torch.compile, per block, 3) FSDP2 per block, then
+    the root. Parameter FQNs are unchanged except for checkpoint_wrapper's ``_checkpoint_wrapped_module.``
+    (which torch.distributed.checkpoint.state_dict removes)."""
+    blocks = model.layers
+    for i, block in enumerate(blocks):
+        if cfg.activation_checkpointing:
+            block = apply_activation_checkpointing(block)
+        if cfg.compile:
+            # Module.compile compiles in place, so FQNs get no "_orig_mod." and FSDP2's hooks stay outside
+            # the compiled region (torchtitan's per-block compile); one graph per block is reused by all.
+            block.compile(fullgraph=True)
+        blocks[i] = block
+    apply_fsdp(model, cfg, mesh)
+
+
+def apply_activation_checkpointing(block: nn.Module) -> nn.Module:
+    """The block wrapped so its forward is recomputed in backward (non-reentrant torch.utils.checkpoint).
+
+    preserve_rng_state=False: the model has no dropout, so there is no RNG state to replay (torchtitan's
+    setting; saving and restoring RNG state per block costs time)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    return checkpoint_wrapper(block, preserve_rng_state=False)
+
+
+def apply_fsdp(model: nn.Module, cfg: ParallelConfig, mesh: DeviceMesh) -> None:
+    """FSDP2 per transformer block, then the root (embeddings, final norm, output head), with params
+    gathered in ``param_dtype`` and gradients reduced in ``reduce_dtype``."""
+    mp_policy = MixedPrecisionPolicy(
+        param_dtype=DTYPES[cfg.param_dtype], reduce_dtype=DTYPES[cfg.reduce_dtype]
+    )
+    blocks = list(model.layers)
+    for i, block in enumerate(blocks):
+        # The last block is not resharded after forward: backward starts with it, so FSDP would gather it
+        # again at once (torchtitan's parallelize_llama does the same).
+        reshard = cfg.reshard_after_forward and i < len(blocks) - 1
+        fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=cfg.reshard_after_forward)
+
+
+def _env_int(name: str) -> int:
+    value = os.environ[name]
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"environment {name}={value!r}: allowed: an integer (set by torchrun)") from None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

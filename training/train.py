@@ -1,0 +1,223 @@
+"""The training run: the build order, written once, then the loop.
+
+Build order (torchtitan's train.py): process group -> model on the meta device ->
+FP8 conversion -> activation checkpointing -> per-block compile -> fully_shard per block, then the root ->
+to_empty on the device -> seeded init_weights -> optimizer -> resume -> loop. Each step is one comment below.
+
+Step numbering: ``step`` in the loop is the 0-based index of the optimizer step being taken; the logs, the
+JSON lines and the checkpoint directories count completed steps (``done = step + 1``), so ``step-10/`` holds
+the state after 10 steps and a resume from it continues with index 10.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from training.checkpoint import Checkpointer, resolve_resume
+from training.config import TrainConfig
+from training.data import Batch, Prefetcher, build_batch_source
+from training.errors import ConfigError
+from training.faults import StopRequest
+from training.fp8 import Fp8Backend, build_fp8_backend
+from training.hardware import peak_bf16_tflops_per_gpu
+from training.metrics import MetricsLogger, ThroughputModel
+from training.model import Transformer, flops_per_token, num_params
+from training.optim import apply_lr, build_optimizer, lr_at
+from training.parallelize import (
+    DistInfo,
+    apply_parallelism,
+    build_data_parallel_mesh,
+    destroy_distributed,
+    init_distributed,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """How a run ended (on every rank)."""
+
+    start_step: int  # completed steps when this run began (the resumed checkpoint's step, or 0)
+    steps_done: int  # completed steps when it ended
+    stopped_by_signal: bool  # True when SIGTERM ended it early (after a checkpoint)
+
+
+def train(cfg: TrainConfig, *, resume: str = "auto") -> TrainResult:
+    """Train per ``cfg``; ``resume`` is ``auto`` | ``none`` | a checkpoint path (checkpoint.resolve_resume).
+    Collective: under torchrun every rank calls it."""
+    # 0) from here on a SIGTERM is a request to stop at the next step boundary, not an immediate death
+    with StopRequest() as stop:
+        return _build_and_train(cfg, resume, stop)
+
+
+def _build_and_train(cfg: TrainConfig, resume: str, stop: StopRequest) -> TrainResult:
+    # 1) process group and device: nccl on CUDA (plus gloo for CPU tensors), gloo on the CPU
+    dist_info = init_distributed()
+    device = dist_info.device
+    log.info("rank %d/%d pid %d device %s", dist_info.rank, dist_info.world_size, os.getpid(), device)
+
+    # 2) model on the meta device: no memory is allocated until to_empty, so a 70B model builds anywhere
+    with torch.device("meta"):
+        model = Transformer(cfg.model)
+
+    # 3) FP8: swap eligible nn.Linear for the backend's FP8 modules, before any wrapping
+    fp8 = build_fp8_backend(cfg.fp8)
+    fp8.convert(model)
+
+    # 4-6) activation checkpointing -> per-block torch.compile -> fully_shard per block, then the root
+    apply_parallelism(model, cfg.parallel, build_data_parallel_mesh(dist_info))
+
+    # 7) allocate the (sharded) parameters on the device
+    model.to_empty(device=device)
+
+    # 8) initial weights, the same on every rank count: DTensor's RNG makes each shard the slice of the
+    #    full tensor that one process seeded alike would draw
+    torch.manual_seed(cfg.run.seed)
+    model.init_weights()
+    model.train()
+    log.info("model: %.2fM parameters, fp8 backend %s", num_params(model) / 1e6, fp8.name)
+
+    # 9) optimizer (FP8 backends that keep scales per weight update them after each step, below)
+    optimizer = build_optimizer(model, cfg.optim)
+
+    # 10) resume: rank 0 picks the checkpoint, every rank loads its shards of it
+    checkpointer = Checkpointer(cfg.checkpoint, rank=dist_info.rank, world_size=dist_info.world_size,
+                                config_snapshot=cfg.to_dict())
+    start_step = 0
+    resume_path = _agree_on_resume(resume, cfg.checkpoint.dir, dist_info.rank)
+    if resume_path is not None:
+        start_step = checkpointer.load(resume_path, model, optimizer).step
+
+    # 11) the loop
+    try:
+        result = _loop(cfg, model, optimizer, fp8, checkpointer, stop, dist_info, start_step)
+    except BaseException:
+        checkpointer.close_after_error()  # a pending save may still complete; the first error propagates
+        raise
+    checkpointer.close()  # waits for a pending async save: never exit while one is being written
+    destroy_distributed()
+    return result
+
+
+def _loop(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, fp8: Fp8Backend,
+          checkpointer: Checkpointer, stop: StopRequest, dist_info: DistInfo, start_step: int) -> TrainResult:
+    run = cfg.run
+    device = dist_info.device
+    total_steps = run.steps
+    if start_step >= total_steps:
+        log.warning("checkpoint is at step %d, run.steps=%d: nothing to train", start_step, total_steps)
+        return TrainResult(start_step=start_step, steps_done=start_step, stopped_by_signal=False)
+
+    source = build_batch_source(
+        cfg.data, seq_len=run.seq_len, vocab_size=cfg.model.vocab_size, seed=run.seed,
+        dp_rank=dist_info.rank, dp_world_size=dist_info.world_size, micro_batch_size=run.micro_batch_size,
+        grad_accum_steps=run.grad_accum_steps,
+    )
+    prefetcher = Prefetcher(
+        source, start_step=start_step, grad_accum_steps=run.grad_accum_steps, device=device,
+        depth=cfg.data.prefetch_depth_steps, pin_memory=cfg.data.pin_memory,
+        numa_affinity=cfg.data.numa_affinity,
+    )
+    metrics = MetricsLogger(
+        cfg.metrics, rank=dist_info.rank, world_size=dist_info.world_size, device=device,
+        model=ThroughputModel(
+            tokens_per_step=run.tokens_per_step(dist_info.world_size),
+            world_size=dist_info.world_size,
+            flops_per_token=flops_per_token(cfg.model, run.seq_len),
+            peak_tflops_per_gpu=peak_bf16_tflops_per_gpu(device),
+        ),
+    )
+    stopped = False
+    done = start_step
+    interval_start, interval_steps = time.perf_counter(), 0
+    try:
+        for step in range(start_step, total_steps):
+            lr = lr_at(step, cfg.optim, total_steps)
+            apply_lr(optimizer, lr)
+            loss = _forward_backward(model, fp8, prefetcher.next_step(), run.grad_accum_steps)
+            grad_norm = clip_grad_norm_(model, cfg.optim.max_grad_norm)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            fp8.post_optimizer_step(model)
+            done = step + 1
+            interval_steps += 1
+
+            if done % run.log_interval_steps == 0 or done == start_step + 1 or done == total_steps:
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)  # step time must include the queued GPU work
+                now = time.perf_counter()
+                metrics.log_step(step=done, total_steps=total_steps, loss=loss, lr=lr, grad_norm=grad_norm,
+                                 step_time_s=(now - interval_start) / interval_steps)
+                interval_start, interval_steps = time.perf_counter(), 0
+
+            # step boundary: finish a completed async save, agree on SIGTERM, save when due
+            checkpointer.poll()
+            stopped = stop.agreed()
+            if stopped:
+                checkpointer.save(done, model, optimizer, blocking=True)
+                break
+            if checkpointer.should_save(done, total_steps):
+                # the final save blocks: the process is about to exit anyway
+                checkpointer.save(done, model, optimizer, blocking=done == total_steps)
+    finally:
+        prefetcher.close()
+        metrics.close()
+    return TrainResult(start_step=start_step, steps_done=done, stopped_by_signal=stopped)
+
+
+def _agree_on_resume(resume: str, checkpoint_root: str, rank: int) -> Path | None:
+    """resolve_resume on rank 0, broadcast to all: every rank loads the same step even if a save completes
+    while they look, and the warnings about incomplete directories are logged once, not once per rank."""
+    choice: list[object] = [None]
+    if rank == 0:
+        try:
+            choice[0] = resolve_resume(resume, checkpoint_root)
+        except ConfigError as exc:
+            choice[0] = exc
+    if dist.is_initialized():
+        dist.broadcast_object_list(choice, src=0)
+    if isinstance(choice[0], ConfigError):
+        raise choice[0]
+    return choice[0]  # type: ignore[return-value]
+
+
+def _forward_backward(model: nn.Module, fp8: Fp8Backend, micro_batches: list[Batch],
+                      grad_accum_steps: int) -> torch.Tensor:
+    """Accumulate gradients over the step's micro-batches; returns the step's mean loss (detached).
+
+    Each micro-batch loss is a mean over its tokens; dividing by the number of micro-batches makes the summed
+    gradients those of the mean over all the step's tokens (every micro-batch has the same token count)."""
+    total = torch.zeros((), device=micro_batches[0][0].device, dtype=torch.float32)
+    for inputs, targets in micro_batches:
+        with fp8.autocast():
+            logits = model(inputs)
+        # cross-entropy in fp32: bf16 logits lose the precision log-softmax over a large vocabulary needs
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()) / grad_accum_steps
+        loss.backward()
+        total += loss.detach()
+    return total
+
+
+def clip_grad_norm_(model: nn.Module, max_norm: float) -> torch.Tensor:
+    """Global L2 norm of all gradients, clipped to ``max_norm`` when it is > 0; returns the norm before
+    clipping. FSDP2 gradients are DTensor shards: their norm is a partial result that ``full_tensor()``
+    reduces across ranks before the clip coefficient is computed (as in torchtitan's
+    distributed/utils.py clip_grad_norm_)."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    total_norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, error_if_nonfinite=False, foreach=True)
+    if isinstance(total_norm, DTensor):
+        total_norm = total_norm.full_tensor()
+    if max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(model.parameters(), max_norm, total_norm, foreach=True)
+    return total_norm
