@@ -31,9 +31,10 @@ from training.errors import ConfigError
 # "125m" is GPT-2-small's width and depth (768 x 12 layers, 12 heads) in Llama form, with 4 kv heads and a
 # 32000 vocabulary (the Llama-2 tokenizer size): 124.7M parameters, 100M of them outside the embedding.
 MODEL_PRESETS: dict[str, dict[str, int | float]] = {
-    # trains on a laptop CPU in seconds; vocab 256 fits the byte-level tokenizer
+    # trains on a laptop CPU in seconds; vocab 320 holds the byte-level tokenizer's 257 ids (256 bytes and the
+    # end-of-document token), rounded up to a multiple of 64
     "tiny": dict(
-        dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=192, vocab_size=256, rope_theta=10000.0
+        dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=192, vocab_size=320, rope_theta=10000.0
     ),
     "125m": dict(
         dim=768, n_layers=12, n_heads=12, n_kv_heads=4, ffn_dim=2048, vocab_size=32000, rope_theta=10000.0

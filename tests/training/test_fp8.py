@@ -122,7 +122,7 @@ def test_linear_swap_used_by_te_replaces_only_eligible_linears():
     types_ = linear_types(model)
     assert types_["layers.1.attention.wk"] == "Swapped" and types_["layers.1.feed_forward.w2"] == "Linear"
     assert types_["output"] == "Linear"
-    assert model(torch.zeros(1, 4, dtype=torch.long)).shape == (1, 4, 256)
+    assert model(torch.zeros(1, 4, dtype=torch.long)).shape == (1, 4, 320)
 
 
 def test_none_backend_changes_nothing():

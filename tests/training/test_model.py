@@ -45,7 +45,7 @@ def built(cfg: ModelConfig, seed: int = 0) -> Transformer:
 def test_forward_gives_logits_per_position():
     model = built(tiny())
     tokens = torch.randint(0, 256, (3, 17))
-    assert model(tokens).shape == (3, 17, 256)
+    assert model(tokens).shape == (3, 17, 320)
 
 
 def test_changing_a_later_token_leaves_earlier_logits_unchanged():
