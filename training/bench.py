@@ -30,16 +30,15 @@ import torch.nn.functional as F
 from training.errors import ConfigError
 from training.fp8 import BACKENDS, Fp8Config, build_fp8_backend
 from training.hardware import device_name, peak_bf16_tflops_per_gpu
-from training.model import MODEL_PRESETS, Transformer, build_model_config, count_params, flops_per_token
+from training.model import MODEL_PRESETS, build_model_config, count_params, flops_per_token
 from training.optim import OptimConfig, build_optimizer
 from training.parallelize import (
     DistInfo,
     ParallelConfig,
-    apply_parallelism,
-    build_data_parallel_mesh,
     destroy_distributed,
     init_distributed,
 )
+from training.train import build_model
 
 GIB = 1024**3
 
@@ -221,14 +220,9 @@ def _measure(
     warmup_steps: int,
     seed: int,
 ) -> tuple[float, torch.Tensor]:
-    """Build the model in the training order (training/train.py) minus data and checkpoints, warm up, and
-    return (seconds for the timed steps, last loss)."""
-    with torch.device("meta"):
-        model = Transformer(model_cfg)
-    fp8.convert(model)
-    apply_parallelism(model, parallel_cfg, build_data_parallel_mesh(info))
-    model.to_empty(device=info.device)
-    model.init_weights(seed=seed)
+    """Build the model exactly as training does (train.build_model), warm up, and return (seconds for the
+    timed steps, last loss). No data loader and no checkpoints: random tokens, one micro-batch per step."""
+    model = build_model(model_cfg, parallel_cfg, fp8, info, seed=seed)
     optimizer = build_optimizer(model, OptimConfig(lr=1e-4, warmup_steps=0))
     tokens = torch.randint(
         0,

@@ -31,10 +31,11 @@ from training.faults import StopRequest
 from training.fp8 import Fp8Backend, build_fp8_backend
 from training.hardware import peak_bf16_tflops_per_gpu
 from training.metrics import MetricsLogger, ThroughputModel
-from training.model import Transformer, flops_per_token, num_params
+from training.model import ModelConfig, Transformer, flops_per_token, num_params
 from training.optim import apply_lr, build_optimizer, lr_at
 from training.parallelize import (
     DistInfo,
+    ParallelConfig,
     apply_parallelism,
     build_data_parallel_mesh,
     destroy_distributed,
@@ -67,25 +68,9 @@ def _build_and_train(cfg: TrainConfig, resume: str, stop: StopRequest) -> TrainR
     device = dist_info.device
     log.info("rank %d/%d pid %d device %s", dist_info.rank, dist_info.world_size, os.getpid(), device)
 
-    # 2) model on the meta device: no memory is allocated until to_empty, so a 70B model builds anywhere
-    with torch.device("meta"):
-        model = Transformer(cfg.model)
-
-    # 3) FP8: swap eligible nn.Linear for the backend's FP8 modules, before any wrapping
+    # 2-8) the model, built in the one order (build_model)
     fp8 = build_fp8_backend(cfg.fp8)
-    fp8.convert(model)
-
-    # 4-6) activation checkpointing -> per-block torch.compile -> fully_shard per block, then the root
-    apply_parallelism(model, cfg.parallel, build_data_parallel_mesh(dist_info))
-
-    # 7) allocate the (sharded) parameters on the device
-    model.to_empty(device=device)
-
-    # 8) initial weights, the same on every rank count: DTensor's RNG makes each shard the slice of the
-    #    full tensor that one process seeded alike would draw
-    torch.manual_seed(cfg.run.seed)
-    model.init_weights()
-    model.train()
+    model = build_model(cfg.model, cfg.parallel, fp8, dist_info, seed=cfg.run.seed)
     log.info("model: %.2fM parameters, fp8 backend %s", num_params(model) / 1e6, fp8.name)
 
     # 9) optimizer (FP8 backends that keep scales per weight update them after each step, below)
@@ -108,6 +93,30 @@ def _build_and_train(cfg: TrainConfig, resume: str, stop: StopRequest) -> TrainR
     checkpointer.close()  # waits for a pending async save: never exit while one is being written
     destroy_distributed()
     return result
+
+
+def build_model(model_cfg: ModelConfig, parallel_cfg: ParallelConfig, fp8: Fp8Backend, dist_info: DistInfo, *,
+                seed: int) -> Transformer:
+    """Steps 2-8 of the build order, shared by train() and the benchmark: a sharded model with its initial
+    weights on ``dist_info.device``, in train mode."""
+    # 2) model on the meta device: no memory is allocated until to_empty, so a 70B model builds anywhere
+    with torch.device("meta"):
+        model = Transformer(model_cfg)
+
+    # 3) FP8: swap eligible nn.Linear for the backend's FP8 modules, before any wrapping
+    fp8.convert(model)
+
+    # 4-6) activation checkpointing -> per-block torch.compile -> fully_shard per block, then the root
+    apply_parallelism(model, parallel_cfg, build_data_parallel_mesh(dist_info))
+
+    # 7) allocate the (sharded) parameters on the device
+    model.to_empty(device=dist_info.device)
+
+    # 8) initial weights from a generator seeded with ``seed``: each sharded weight is drawn whole and sliced
+    #    to this rank's shard, so the model is the same for any number of ranks (Transformer.init_weights)
+    model.init_weights(seed=seed)
+    model.train()
+    return model
 
 
 def _loop(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, fp8: Fp8Backend,
