@@ -33,7 +33,7 @@ synth: setup
 	npx --no-install cdk synth $(STACK) --quiet --no-notices --no-version-reporting
 	@echo "Template: $(CURDIR)/cdk.out/$(STACK).template.json"
 
-test: setup
+test: setup lint
 	$(BIN)/python -m pytest
 
 lint: setup

@@ -8,6 +8,7 @@ left account-agnostic (CloudFormation fills in the account at deploy time).
 import sys
 
 import aws_cdk as cdk
+from cdk_nag import AwsSolutionsChecks
 
 from stacks.settings import SettingsError, load_settings
 from stacks.training_cluster_stack import STACK_NAME, TrainingClusterStack
@@ -28,6 +29,8 @@ def main() -> None:
         env=cdk.Environment(region=settings.region),
         description="P5 training cluster: EFA nodes, FSx for Lustre, capacity reservations (p5-training-cluster)",
     )
+    # cdk-nag on every synth: a finding without a reasoned suppression (stacks/nag_suppressions.py) is an error.
+    cdk.Aspects.of(app).add(AwsSolutionsChecks())
     app.synth()
 
 

@@ -12,15 +12,25 @@
 
 from __future__ import annotations
 
-from aws_cdk import Stack, aws_autoscaling as autoscaling, aws_ec2 as ec2
+from aws_cdk import Stack
+from aws_cdk import aws_autoscaling as autoscaling
+from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
 from stacks.settings import CapacityMode, CapacitySettings
 
 
 class CapacityTarget(Construct):
-    def __init__(self, scope: Construct, construct_id: str, *, settings: CapacitySettings, instance_type: str,
-                 node_count: int, availability_zone: str) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        settings: CapacitySettings,
+        instance_type: str,
+        node_count: int,
+        availability_zone: str,
+    ) -> None:
         super().__init__(scope, construct_id)
         self.settings = settings
         self.placement_group: ec2.CfnPlacementGroup | None = None
@@ -71,7 +81,9 @@ class CapacityTarget(Construct):
             return ec2.CfnLaunchTemplate.InstanceMarketOptionsProperty(market_type="capacity-block")
         return None
 
-    def launch_template_reservation(self) -> ec2.CfnLaunchTemplate.CapacityReservationSpecificationProperty | None:
+    def launch_template_reservation(
+        self,
+    ) -> ec2.CfnLaunchTemplate.CapacityReservationSpecificationProperty | None:
         """LaunchTemplateData.CapacityReservationSpecification: a Capacity Block is named in the launch template
         together with its market type."""
         if self.mode is CapacityMode.CAPACITY_BLOCK:
@@ -82,7 +94,9 @@ class CapacityTarget(Construct):
             )
         return None
 
-    def auto_scaling_reservation(self) -> autoscaling.CfnAutoScalingGroup.CapacityReservationSpecificationProperty | None:
+    def auto_scaling_reservation(
+        self,
+    ) -> autoscaling.CfnAutoScalingGroup.CapacityReservationSpecificationProperty | None:
         """AutoScalingGroup.CapacityReservationSpecification: an ODCR is targeted by the group, reservations
         only (EC2 Auto Scaling User Guide, "Target Capacity Reservations from your Auto Scaling group")."""
         if self.mode is CapacityMode.ODCR:

@@ -10,7 +10,23 @@ Scaling User Guide, "Network interfaces in a launch template").
 
 from __future__ import annotations
 
-from aws_cdk import Aws, CfnAutoScalingScheduledAction, CfnTag, CfnUpdatePolicy, Fn, Stack, aws_autoscaling as autoscaling, aws_ec2 as ec2, aws_iam as iam
+from aws_cdk import (
+    Aws,
+    CfnAutoScalingScheduledAction,
+    CfnTag,
+    CfnUpdatePolicy,
+    Fn,
+    Stack,
+)
+from aws_cdk import (
+    aws_autoscaling as autoscaling,
+)
+from aws_cdk import (
+    aws_ec2 as ec2,
+)
+from aws_cdk import (
+    aws_iam as iam,
+)
 from constructs import Construct
 
 from cluster_constructs.capacity import CapacityTarget
@@ -21,18 +37,26 @@ BOOTSTRAP_TAG_KEYS = ["cluster:bootstrap", "cluster:bootstrap-reason"]
 CLOUDWATCH_NAMESPACES = ["CWAgent", "TrainingCluster"]  # the agent's and the trainer's metrics
 
 
-def efa_network_interfaces(instance: InstanceType, security_group_id: str,
-                           ) -> list[ec2.CfnLaunchTemplate.NetworkInterfaceProperty]:
+def efa_network_interfaces(
+    instance: InstanceType,
+    security_group_id: str,
+) -> list[ec2.CfnLaunchTemplate.NetworkInterfaceProperty]:
     """The launch template's NetworkInterfaces for `instance`, in the recommended EFA layout."""
     layout = [(0, 0, "interface", "primary ENA interface")]
     if instance.efa_interfaces:
         layout.append((0, 1, "efa-only", "EFA-only, network card 0"))
-        layout.extend((card, 0, "efa-only", f"EFA-only, network card {card}")
-                      for card in range(1, instance.network_cards))
+        layout.extend(
+            (card, 0, "efa-only", f"EFA-only, network card {card}")
+            for card in range(1, instance.network_cards)
+        )
     return [
         ec2.CfnLaunchTemplate.NetworkInterfaceProperty(
-            network_card_index=card, device_index=device, interface_type=kind, description=description,
-            groups=[security_group_id], delete_on_termination=True,
+            network_card_index=card,
+            device_index=device,
+            interface_type=kind,
+            description=description,
+            groups=[security_group_id],
+            delete_on_termination=True,
         )
         for card, device, kind, description in layout
     ]
@@ -45,15 +69,28 @@ def root_device_name(ami_parameter: str) -> str:
 
 
 class NodeGroup(Construct):
-    def __init__(self, scope: Construct, construct_id: str, *, settings: ComputeSettings, capacity: CapacityTarget,
-                 subnet: ec2.ISubnet, security_group: ec2.ISecurityGroup, user_data: ec2.UserData,
-                 log_group_arn: str, group_name: str, desired_capacity: int) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        settings: ComputeSettings,
+        capacity: CapacityTarget,
+        subnet: ec2.ISubnet,
+        security_group: ec2.ISecurityGroup,
+        user_data: ec2.UserData,
+        log_group_arn: str,
+        group_name: str,
+        desired_capacity: int,
+    ) -> None:
         super().__init__(scope, construct_id)
         self.settings = settings
         self.group_name = group_name
 
         self.role = iam.Role(
-            self, "Role", assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
+            self,
+            "Role",
+            assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
             description="Training cluster nodes: SSM, CloudWatch Logs and metrics, own readiness tag and health",
             managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name("AmazonSSMManagedInstanceCore")],
         )
@@ -71,15 +108,23 @@ class NodeGroup(Construct):
                 iam_instance_profile=ec2.CfnLaunchTemplate.IamInstanceProfileProperty(arn=profile.attr_arn),
                 network_interfaces=efa_network_interfaces(instance, security_group.security_group_id),
                 metadata_options=ec2.CfnLaunchTemplate.MetadataOptionsProperty(
-                    http_tokens="required", http_endpoint="enabled", http_put_response_hop_limit=1,
+                    http_tokens="required",
+                    http_endpoint="enabled",
+                    http_put_response_hop_limit=1,
                 ),
-                block_device_mappings=[ec2.CfnLaunchTemplate.BlockDeviceMappingProperty(
-                    device_name=root_device_name(settings.ami_parameter),
-                    ebs=ec2.CfnLaunchTemplate.EbsProperty(
-                        volume_type="gp3", volume_size=settings.root_volume_gib, encrypted=True,
-                        delete_on_termination=True, iops=6000, throughput=500,
-                    ),
-                )],
+                block_device_mappings=[
+                    ec2.CfnLaunchTemplate.BlockDeviceMappingProperty(
+                        device_name=root_device_name(settings.ami_parameter),
+                        ebs=ec2.CfnLaunchTemplate.EbsProperty(
+                            volume_type="gp3",
+                            volume_size=settings.root_volume_gib,
+                            encrypted=True,
+                            delete_on_termination=True,
+                            iops=6000,
+                            throughput=500,
+                        ),
+                    )
+                ],
                 ebs_optimized=True,
                 monitoring=ec2.CfnLaunchTemplate.MonitoringProperty(enabled=True),
                 instance_market_options=capacity.launch_template_market_options(),
@@ -87,8 +132,10 @@ class NodeGroup(Construct):
                 user_data=Fn.base64(user_data.render()),
                 tag_specifications=[
                     ec2.CfnLaunchTemplate.TagSpecificationProperty(
-                        resource_type=kind, tags=[CfnTag(key="Name", value=f"{Aws.STACK_NAME}-node")],
-                    ) for kind in ("instance", "volume")
+                        resource_type=kind,
+                        tags=[CfnTag(key="Name", value=f"{Aws.STACK_NAME}-node")],
+                    )
+                    for kind in ("instance", "volume")
                 ],
             ),
         )
@@ -109,18 +156,23 @@ class NodeGroup(Construct):
             capacity_reservation_specification=capacity.auto_scaling_reservation(),
             health_check_type="EC2",
             health_check_grace_period=900,  # bootstrap (RAID, Lustre, health gate) takes minutes
-            metrics_collection=[autoscaling.CfnAutoScalingGroup.MetricsCollectionProperty(granularity="1Minute")],
+            metrics_collection=[
+                autoscaling.CfnAutoScalingGroup.MetricsCollectionProperty(granularity="1Minute")
+            ],
         )
         # A new launch template version (a new AMI, a code change in the bundle) applies to nodes launched
         # from then on; running nodes are never replaced by a deploy in the middle of a training run.
         self.auto_scaling_group.cfn_options.update_policy = CfnUpdatePolicy(
-            auto_scaling_scheduled_action=CfnAutoScalingScheduledAction(ignore_unmodified_group_size_properties=True),
+            auto_scaling_scheduled_action=CfnAutoScalingScheduledAction(
+                ignore_unmodified_group_size_properties=True
+            ),
         )
 
     @property
     def group_arn_pattern(self) -> str:
         return Stack.of(self).format_arn(
-            service="autoscaling", resource="autoScalingGroup",
+            service="autoscaling",
+            resource="autoScalingGroup",
             resource_name=f"*:autoScalingGroupName/{self.group_name}",
         )
 
@@ -133,7 +185,8 @@ class NodeGroup(Construct):
             ),
             # PutMetricData has no resource-level permissions; the namespace condition scopes it.
             iam.PolicyStatement(
-                actions=["cloudwatch:PutMetricData"], resources=["*"],
+                actions=["cloudwatch:PutMetricData"],
+                resources=["*"],
                 conditions={"StringEquals": {"cloudwatch:namespace": CLOUDWATCH_NAMESPACES}},
             ),
             # Bootstrap reads its own tags (DescribeTags has no resource-level permissions).
@@ -148,7 +201,9 @@ class NodeGroup(Construct):
                 },
             ),
             # A node that fails its health gate marks itself Unhealthy so the group replaces it.
-            iam.PolicyStatement(actions=["autoscaling:SetInstanceHealth"], resources=[self.group_arn_pattern]),
+            iam.PolicyStatement(
+                actions=["autoscaling:SetInstanceHealth"], resources=[self.group_arn_pattern]
+            ),
         ]
         for statement in statements:
             self.role.add_to_principal_policy(statement)

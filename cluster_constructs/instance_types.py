@@ -18,7 +18,6 @@ Sources (checked 2026-11):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -36,7 +35,7 @@ class InstanceType:
     nvme_devices: int  # instance-store NVMe SSDs
     nvme_device_gb: int  # size of each instance-store device, GB
     peak_bf16_tflops_per_gpu: float  # dense BF16 tensor-core peak, TFLOP/s
-    peak_fp8_tflops_per_gpu: Optional[float]  # dense FP8 peak, None where the GPU has no FP8 tensor cores
+    peak_fp8_tflops_per_gpu: float | None  # dense FP8 peak, None where the GPU has no FP8 tensor cores
     on_demand_usd_per_hour: float  # us-east-1 Linux on-demand price per instance
 
     @property
@@ -52,7 +51,7 @@ class InstanceType:
         return self.vcpus // self.gpu_count
 
 
-_CATALOG: Tuple[InstanceType, ...] = (
+_CATALOG: tuple[InstanceType, ...] = (
     InstanceType(
         name="p4d.24xlarge",
         gpu_model="A100",
@@ -145,7 +144,7 @@ _CATALOG: Tuple[InstanceType, ...] = (
     ),
 )
 
-INSTANCE_TYPES: Dict[str, InstanceType] = {t.name: t for t in _CATALOG}
+INSTANCE_TYPES: dict[str, InstanceType] = {t.name: t for t in _CATALOG}
 
 
 class UnknownInstanceType(KeyError):
@@ -161,10 +160,10 @@ def get_instance_type(name: str) -> InstanceType:
         return INSTANCE_TYPES[name]
     except KeyError:
         allowed = ", ".join(sorted(INSTANCE_TYPES))
-        raise UnknownInstanceType("unknown instance type %r; allowed: %s" % (name, allowed)) from None
+        raise UnknownInstanceType(f"unknown instance type {name!r}; allowed: {allowed}") from None
 
 
-def find_by_gpu_name(device_name: str) -> Optional[InstanceType]:
+def find_by_gpu_name(device_name: str) -> InstanceType | None:
     """The first catalog entry whose GPU model appears in a CUDA device name, e.g.
     "NVIDIA H100 80GB HBM3" -> p5.48xlarge. Used by training to find its MFU peak when it is not told the
     instance type."""

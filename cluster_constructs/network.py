@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from aws_cdk import RemovalPolicy, aws_ec2 as ec2, aws_logs as logs
+from aws_cdk import RemovalPolicy
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from stacks.settings import NetworkSettings
@@ -32,17 +34,29 @@ class ClusterNetwork(Construct):
     Lustre to the file system. `file_system_security_group` is FSx's.
     """
 
-    def __init__(self, scope: Construct, construct_id: str, *, settings: NetworkSettings,
-                 flow_log_retention: logs.RetentionDays) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        settings: NetworkSettings,
+        flow_log_retention: logs.RetentionDays,
+    ) -> None:
         super().__init__(scope, construct_id)
 
-        subnets = [ec2.SubnetConfiguration(
-            name="Nodes",
-            subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS if settings.nat_gateway else ec2.SubnetType.PRIVATE_ISOLATED,
-            cidr_mask=20,  # EFA-only interfaces take no IP address: one address per node, plus FSx and endpoints
-        )]
+        subnets = [
+            ec2.SubnetConfiguration(
+                name="Nodes",
+                subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS
+                if settings.nat_gateway
+                else ec2.SubnetType.PRIVATE_ISOLATED,
+                cidr_mask=20,  # EFA-only interfaces take no IP address: one address per node, plus FSx and endpoints
+            )
+        ]
         if settings.nat_gateway:
-            subnets.append(ec2.SubnetConfiguration(name="Public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24))
+            subnets.append(
+                ec2.SubnetConfiguration(name="Public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24)
+            )
 
         self.vpc = ec2.Vpc(
             self,
@@ -58,10 +72,14 @@ class ClusterNetwork(Construct):
             # The zone is a setting on purpose: a Capacity Block or reservation lives in one named AZ.
             subnet.node.default_child.add_metadata("cfn-lint", {"config": {"ignore_checks": ["W3010"]}})
 
-        flow_log_group = logs.LogGroup(self, "FlowLogs", retention=flow_log_retention,
-                                       removal_policy=RemovalPolicy.DESTROY)
-        self.vpc.add_flow_log("FlowLog", destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_log_group),
-                              traffic_type=ec2.FlowLogTrafficType.REJECT)
+        flow_log_group = logs.LogGroup(
+            self, "FlowLogs", retention=flow_log_retention, removal_policy=RemovalPolicy.DESTROY
+        )
+        self.vpc.add_flow_log(
+            "FlowLog",
+            destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_log_group),
+            traffic_type=ec2.FlowLogTrafficType.REJECT,
+        )
 
         self.node_security_group = self._efa_security_group()
         self.file_system_security_group = self._file_system_security_group()
@@ -70,16 +88,28 @@ class ClusterNetwork(Construct):
     def _efa_security_group(self) -> ec2.SecurityGroup:
         # allow_all_outbound must be False: with it True, CDK drops explicit egress rules, and the self-egress
         # rule EFA needs would silently vanish (AWS EFA User Guide, "Prepare an EFA-enabled security group").
-        group = ec2.SecurityGroup(self, "NodeEfaSecurityGroup", vpc=self.vpc, allow_all_outbound=False,
-                                  description="EFA nodes: all traffic within the group, HTTPS out, Lustre to FSx")
+        group = ec2.SecurityGroup(
+            self,
+            "NodeEfaSecurityGroup",
+            vpc=self.vpc,
+            allow_all_outbound=False,
+            description="EFA nodes: all traffic within the group, HTTPS out, Lustre to FSx",
+        )
         group.add_ingress_rule(group, ec2.Port.all_traffic(), "EFA and NCCL between nodes")
         group.add_egress_rule(group, ec2.Port.all_traffic(), "EFA and NCCL between nodes")
-        group.add_egress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(443), "HTTPS to AWS APIs, S3 and package mirrors")
+        group.add_egress_rule(
+            ec2.Peer.any_ipv4(), ec2.Port.tcp(443), "HTTPS to AWS APIs, S3 and package mirrors"
+        )
         return group
 
     def _file_system_security_group(self) -> ec2.SecurityGroup:
-        group = ec2.SecurityGroup(self, "FileSystemSecurityGroup", vpc=self.vpc, allow_all_outbound=False,
-                                  description="FSx for Lustre: Lustre traffic with the nodes and between servers")
+        group = ec2.SecurityGroup(
+            self,
+            "FileSystemSecurityGroup",
+            vpc=self.vpc,
+            allow_all_outbound=False,
+            description="FSx for Lustre: Lustre traffic with the nodes and between servers",
+        )
         for port in LUSTRE_PORTS:
             group.add_ingress_rule(group, port, "Lustre between file servers")
             group.add_egress_rule(group, port, "Lustre between file servers")
@@ -105,14 +135,25 @@ class ClusterNetwork(Construct):
         servers.add_egress_rule(servers, ec2.Port.all_traffic(), "EFA between file servers")
 
     def _add_endpoints(self) -> None:
-        self.vpc.add_gateway_endpoint("S3Endpoint", service=ec2.GatewayVpcEndpointAwsService.S3,
-                                      subnets=[ec2.SubnetSelection(subnet_group_name="Nodes")])
-        endpoint_group = ec2.SecurityGroup(self, "EndpointSecurityGroup", vpc=self.vpc, allow_all_outbound=False,
-                                           description="VPC interface endpoints: HTTPS from the nodes")
+        self.vpc.add_gateway_endpoint(
+            "S3Endpoint",
+            service=ec2.GatewayVpcEndpointAwsService.S3,
+            subnets=[ec2.SubnetSelection(subnet_group_name="Nodes")],
+        )
+        endpoint_group = ec2.SecurityGroup(
+            self,
+            "EndpointSecurityGroup",
+            vpc=self.vpc,
+            allow_all_outbound=False,
+            description="VPC interface endpoints: HTTPS from the nodes",
+        )
         endpoint_group.add_ingress_rule(self.node_security_group, ec2.Port.tcp(443), "HTTPS from nodes")
         for name, service in INTERFACE_ENDPOINTS.items():
             self.vpc.add_interface_endpoint(
-                f"{name}Endpoint", service=service, private_dns_enabled=True, security_groups=[endpoint_group],
+                f"{name}Endpoint",
+                service=service,
+                private_dns_enabled=True,
+                security_groups=[endpoint_group],
                 open=False,  # only the nodes reach the endpoints (the rule above), not the whole VPC CIDR
                 subnets=ec2.SubnetSelection(subnet_group_name="Nodes"),
             )

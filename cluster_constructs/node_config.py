@@ -14,13 +14,25 @@ from stacks.settings import ComputeSettings, StorageSettings
 SCHEMA_VERSION = 1
 BUNDLE_DIR = "/opt/cluster/bundle"
 NODE_CONFIG_PATH = "/etc/cluster/node-config.json"
-DLAMI_SCRATCH = "/opt/dlami/nvme"  # where the Deep Learning AMI stripes the instance-store NVMe before user-data
-DLAMI_PYTHON = "/opt/pytorch/bin/python"  # the DLAMI's PyTorch environment (DLAMI release notes, python_location)
+DLAMI_SCRATCH = (
+    "/opt/dlami/nvme"  # where the Deep Learning AMI stripes the instance-store NVMe before user-data
+)
+DLAMI_PYTHON = (
+    "/opt/pytorch/bin/python"  # the DLAMI's PyTorch environment (DLAMI release notes, python_location)
+)
 RENDEZVOUS_PORT = 29400  # torchrun c10d rendezvous on the first node
 
 
-def render_node_config(*, stack_name: str, region: str, compute: ComputeSettings, storage: StorageSettings,
-                       file_system_dns_name: str, file_system_mount_name: str, log_group_name: str) -> dict[str, Any]:
+def render_node_config(
+    *,
+    stack_name: str,
+    region: str,
+    compute: ComputeSettings,
+    storage: StorageSettings,
+    file_system_dns_name: str,
+    file_system_mount_name: str,
+    log_group_name: str,
+) -> dict[str, Any]:
     """The node config as a JSON-ready dict (values may be CDK tokens)."""
     instance = compute.instance_type
     fsx = storage.fsx_mount_point

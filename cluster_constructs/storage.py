@@ -7,7 +7,10 @@ checkpoint files to the checkpoint bucket (and back), so a checkpoint written on
 
 from __future__ import annotations
 
-from aws_cdk import Duration, RemovalPolicy, aws_ec2 as ec2, aws_fsx as fsx, aws_s3 as s3
+from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_fsx as fsx
+from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from stacks.settings import StorageSettings
@@ -18,8 +21,15 @@ AUTO_SYNC_EVENTS = ["NEW", "CHANGED", "DELETED"]
 
 
 class ClusterStorage(Construct):
-    def __init__(self, scope: Construct, construct_id: str, *, settings: StorageSettings, subnet: ec2.ISubnet,
-                 security_group: ec2.ISecurityGroup) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        settings: StorageSettings,
+        subnet: ec2.ISubnet,
+        security_group: ec2.ISecurityGroup,
+    ) -> None:
         super().__init__(scope, construct_id)
         self.settings = settings
 
@@ -34,7 +44,9 @@ class ClusterStorage(Construct):
             removal_policy=RemovalPolicy.RETAIN,
         )
         self.data_bucket = self._bucket("DataBucket", settings.data_bucket_name, versioned=False)
-        self.checkpoint_bucket = self._bucket("CheckpointBucket", settings.checkpoint_bucket_name, versioned=True)
+        self.checkpoint_bucket = self._bucket(
+            "CheckpointBucket", settings.checkpoint_bucket_name, versioned=True
+        )
 
         self.file_system = fsx.CfnFileSystem(
             self,
@@ -61,8 +73,9 @@ class ClusterStorage(Construct):
         self.file_system.apply_removal_policy(RemovalPolicy.RETAIN)
 
         self.data_association = self._association("DataAssociation", self.data_bucket, DATA_PATH)
-        self.checkpoint_association = self._association("CheckpointAssociation", self.checkpoint_bucket,
-                                                        CHECKPOINT_PATH)
+        self.checkpoint_association = self._association(
+            "CheckpointAssociation", self.checkpoint_bucket, CHECKPOINT_PATH
+        )
 
     def _bucket(self, construct_id: str, existing_name: str | None, *, versioned: bool) -> s3.IBucket:
         if existing_name:
@@ -70,14 +83,21 @@ class ClusterStorage(Construct):
         lifecycle = []
         if versioned:
             # Checkpoints are rewritten under the same keys by keep-last-k; old versions are a safety net only.
-            lifecycle.append(s3.LifecycleRule(
-                id="ExpireOldCheckpointVersions",
-                noncurrent_version_expiration=Duration.days(self.settings.checkpoint_version_retention_days),
-                abort_incomplete_multipart_upload_after=Duration.days(7),
-            ))
+            lifecycle.append(
+                s3.LifecycleRule(
+                    id="ExpireOldCheckpointVersions",
+                    noncurrent_version_expiration=Duration.days(
+                        self.settings.checkpoint_version_retention_days
+                    ),
+                    abort_incomplete_multipart_upload_after=Duration.days(7),
+                )
+            )
         else:
-            lifecycle.append(s3.LifecycleRule(id="AbortIncompleteUploads",
-                                              abort_incomplete_multipart_upload_after=Duration.days(7)))
+            lifecycle.append(
+                s3.LifecycleRule(
+                    id="AbortIncompleteUploads", abort_incomplete_multipart_upload_after=Duration.days(7)
+                )
+            )
         return s3.Bucket(
             self,
             construct_id,
@@ -92,7 +112,9 @@ class ClusterStorage(Construct):
             removal_policy=RemovalPolicy.RETAIN,  # training data and checkpoints outlive the cluster
         )
 
-    def _association(self, construct_id: str, bucket: s3.IBucket, path: str) -> fsx.CfnDataRepositoryAssociation:
+    def _association(
+        self, construct_id: str, bucket: s3.IBucket, path: str
+    ) -> fsx.CfnDataRepositoryAssociation:
         return fsx.CfnDataRepositoryAssociation(
             self,
             construct_id,
@@ -101,8 +123,12 @@ class ClusterStorage(Construct):
             data_repository_path=f"s3://{bucket.bucket_name}",
             batch_import_meta_data_on_create=True,
             s3=fsx.CfnDataRepositoryAssociation.S3Property(
-                auto_import_policy=fsx.CfnDataRepositoryAssociation.AutoImportPolicyProperty(events=AUTO_SYNC_EVENTS),
-                auto_export_policy=fsx.CfnDataRepositoryAssociation.AutoExportPolicyProperty(events=AUTO_SYNC_EVENTS),
+                auto_import_policy=fsx.CfnDataRepositoryAssociation.AutoImportPolicyProperty(
+                    events=AUTO_SYNC_EVENTS
+                ),
+                auto_export_policy=fsx.CfnDataRepositoryAssociation.AutoExportPolicyProperty(
+                    events=AUTO_SYNC_EVENTS
+                ),
             ),
         )
 

@@ -14,17 +14,26 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import ipaddress
-import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from cluster_constructs.instance_types import INSTANCE_TYPES, InstanceType
-
-
-class SettingsError(ValueError):
-    """An invalid setting. The message is one line naming the key, the value and what is allowed."""
+from stacks.setting_values import (
+    SettingsError,
+    boolean,
+    bucket,
+    choice,
+    email,
+    int_or_raw,
+    integer,
+    invalid,
+    mount_point,
+    string,
+    tags,
+    timestamp,
+)
 
 
 class CapacityMode(enum.Enum):
@@ -71,11 +80,7 @@ CAPACITY_BLOCK_SCALE_IN_LEAD = dt.timedelta(minutes=40)
 
 _RESERVATION_ID = re.compile(r"^cr-[0-9a-f]{8}([0-9a-f]{9})?$")
 _REGION = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
-_BUCKET = re.compile(r"^(?!xn--)(?!.*\.\.)[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 _SSM_PARAMETER = re.compile(r"^/[A-Za-z0-9_./-]+$")
-_MOUNT_POINT = re.compile(r"^/[A-Za-z0-9_./-]*[A-Za-z0-9_]$")
-_TAG_KEY = re.compile(r"^(?!aws:)[\w .:/=+@-]{1,128}$")
 
 
 @dataclass(frozen=True)
@@ -151,102 +156,6 @@ class ClusterSettings:
 # Parsers: each takes the key (for the message) and the raw value (typed from cdk.json, or a -c string).
 
 
-def _fail(key: str, value: Any, allowed: str) -> SettingsError:
-    return SettingsError(f"{key}={value!r}: {allowed}")
-
-
-def _str(key: str, value: Any, *, optional: bool = False) -> str | None:
-    if value is None or (isinstance(value, str) and value.strip() == ""):
-        if optional:
-            return None
-        raise _fail(key, value, "a value is required")
-    if not isinstance(value, str):
-        raise _fail(key, value, "must be a string")
-    return value.strip()
-
-
-def _int(key: str, value: Any, *, minimum: int, maximum: int | None = None) -> int:
-    if isinstance(value, bool):
-        raise _fail(key, value, "must be an integer")
-    if isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value):
-        value = int(value)
-    if not isinstance(value, int):
-        raise _fail(key, value, "must be an integer")
-    if value < minimum or (maximum is not None and value > maximum):
-        upper = f" and <= {maximum}" if maximum is not None else ""
-        raise _fail(key, value, f"must be an integer >= {minimum}{upper}")
-    return value
-
-
-def _bool(key: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "yes", "1", "false", "no", "0"):
-        return value.strip().lower() in ("true", "yes", "1")
-    raise _fail(key, value, "allowed: true, false")
-
-
-def _choice(key: str, value: Any, allowed: tuple[Any, ...]) -> Any:
-    for option in allowed:
-        if value == option or (isinstance(value, str) and value.strip() == str(option)):
-            return option
-    raise _fail(key, value, "allowed: " + ", ".join(str(a) for a in allowed))
-
-
-def _datetime(key: str, value: Any) -> dt.datetime | None:
-    text = _str(key, value, optional=True)
-    if text is None:
-        return None
-    try:
-        parsed = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise _fail(key, value, "must be an ISO 8601 time, e.g. 2026-12-01T11:30:00Z") from None
-    if parsed.tzinfo is None:
-        raise _fail(key, value, "must carry a time zone, e.g. 2026-12-01T11:30:00Z")
-    return parsed.astimezone(dt.timezone.utc)
-
-
-def _mount_point(key: str, value: Any) -> str:
-    text = _str(key, value)
-    if not _MOUNT_POINT.match(text) or "/../" in text + "/" or text in ("/", "/boot", "/etc", "/usr", "/var"):
-        raise _fail(key, value, "must be an absolute directory path such as /scratch, not a system directory")
-    return text
-
-
-def _bucket(key: str, value: Any) -> str | None:
-    text = _str(key, value, optional=True)
-    if text is not None and (not _BUCKET.match(text) or re.fullmatch(r"\d+\.\d+\.\d+\.\d+", text)):
-        raise _fail(key, value, "must be an S3 bucket name (3-63 lowercase letters, digits, dots, hyphens)")
-    return text
-
-
-def _tags(key: str, value: Any) -> dict[str, str]:
-    if value is None or value == "":
-        return {}
-    if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("{"):
-            try:
-                value = json.loads(text)
-            except json.JSONDecodeError:
-                raise _fail(key, value, "must be a JSON object or k=v,k2=v2") from None
-        else:
-            pairs = [p for p in text.split(",") if p.strip()]
-            if not all("=" in p for p in pairs):
-                raise _fail(key, value, "must be a JSON object or k=v,k2=v2")
-            value = dict(p.split("=", 1) for p in pairs)
-    if not isinstance(value, dict):
-        raise _fail(key, value, "must be an object of tag keys to values")
-    tags = {}
-    for tag_key, tag_value in value.items():
-        tag_key = str(tag_key).strip()
-        if not _TAG_KEY.match(tag_key) or not isinstance(tag_value, str | int | float) or len(str(tag_value)) > 256:
-            raise _fail(f"{key}.{tag_key}", tag_value, "tag keys: 1-128 characters not starting with aws:, "
-                        "values: up to 256 characters")
-        tags[tag_key] = str(tag_value).strip()
-    return tags
-
-
 # ---------------------------------------------------------------------------------------------------------
 
 
@@ -263,22 +172,24 @@ def load_settings(
     """
     if all_keys is not None:
         _reject_unknown_keys(all_keys)
-    now = now or dt.datetime.now(dt.timezone.utc)
+    now = now or dt.datetime.now(dt.UTC)
 
-    region = _str("region", context("region"))
+    region = string("region", context("region"))
     if not _REGION.match(region):
-        raise _fail("region", region, "must be an AWS region code such as us-east-1")
+        raise invalid("region", region, "must be an AWS region code such as us-east-1")
 
     network = _network_settings(context, region)
     compute = _compute_settings(context)
     capacity = _capacity_settings(context, compute, now)
     storage = _storage_settings(context)
     observability = ObservabilitySettings(
-        log_retention_days=_choice("logRetentionDays", _int_or_raw(context("logRetentionDays")), LOG_RETENTION_DAYS),
-        alarm_email=_email(context("alarmEmail")),
+        log_retention_days=choice(
+            "logRetentionDays", int_or_raw(context("logRetentionDays")), LOG_RETENTION_DAYS
+        ),
+        alarm_email=email(context("alarmEmail")),
     )
     if storage.fsx_efa_enabled and not compute.instance_type.efa_interfaces:
-        raise _fail("fsxEfaEnabled", True, f"needs an EFA instance type, not {compute.instance_type.name}")
+        raise invalid("fsxEfaEnabled", True, f"needs an EFA instance type, not {compute.instance_type.name}")
     return ClusterSettings(
         region=region,
         network=network,
@@ -286,7 +197,7 @@ def load_settings(
         compute=compute,
         storage=storage,
         observability=observability,
-        tags=_tags("tags", context("tags")),
+        tags=tags("tags", context("tags")),
     )
 
 
@@ -301,106 +212,131 @@ def _reject_unknown_keys(all_keys: Mapping[str, Any]) -> None:
             raise SettingsError(f"unknown setting {key!r}: {hint}")
 
 
-def _int_or_raw(value: Any) -> Any:
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value)
-    return value
-
-
-def _email(value: Any) -> str | None:
-    text = _str("alarmEmail", value, optional=True)
-    if text is not None and not _EMAIL.match(text):
-        raise _fail("alarmEmail", value, "must be an email address")
-    return text
-
-
 def _network_settings(context: Callable[[str], Any], region: str) -> NetworkSettings:
-    az = _str("availabilityZone", context("availabilityZone"))
+    az = string("availabilityZone", context("availabilityZone"))
     if not re.fullmatch(re.escape(region) + r"[a-z]", az):
-        raise _fail("availabilityZone", az, f"must be a zone of region {region}, e.g. {region}a")
-    cidr = _str("vpcCidr", context("vpcCidr"))
+        raise invalid("availabilityZone", az, f"must be a zone of region {region}, e.g. {region}a")
+    cidr = string("vpcCidr", context("vpcCidr"))
     try:
         network = ipaddress.IPv4Network(cidr)
     except ValueError:
-        raise _fail("vpcCidr", cidr, "must be an IPv4 CIDR block such as 10.0.0.0/16") from None
+        raise invalid("vpcCidr", cidr, "must be an IPv4 CIDR block such as 10.0.0.0/16") from None
     if not 16 <= network.prefixlen <= 20 or not network.is_private:
-        raise _fail("vpcCidr", cidr, "must be a private IPv4 block from /16 to /20")
-    return NetworkSettings(availability_zone=az, vpc_cidr=cidr, nat_gateway=_bool("natGateway", context("natGateway")))
-
-
-def _compute_settings(context: Callable[[str], Any]) -> ComputeSettings:
-    name = _str("instanceType", context("instanceType"))
-    if name not in INSTANCE_TYPES:
-        raise _fail("instanceType", name, "allowed: " + ", ".join(sorted(INSTANCE_TYPES)))
-    ami_parameter = _str("amiParameter", context("amiParameter"))
-    if not _SSM_PARAMETER.match(ami_parameter):
-        raise _fail("amiParameter", ami_parameter, "must be an SSM parameter name such as "
-                    "/aws/service/deeplearning/ami/x86_64/.../latest/ami-id")
-    return ComputeSettings(
-        instance_type=INSTANCE_TYPES[name],
-        node_count=_int("nodeCount", context("nodeCount"), minimum=1, maximum=256),
-        ami_parameter=ami_parameter,
-        root_volume_gib=_int("rootVolumeGiB", context("rootVolumeGiB"), minimum=100, maximum=16384),
-        scratch_mount_point=_mount_point("scratchMountPoint", context("scratchMountPoint")),
+        raise invalid("vpcCidr", cidr, "must be a private IPv4 block from /16 to /20")
+    return NetworkSettings(
+        availability_zone=az, vpc_cidr=cidr, nat_gateway=boolean("natGateway", context("natGateway"))
     )
 
 
-def _capacity_settings(context: Callable[[str], Any], compute: ComputeSettings, now: dt.datetime) -> CapacitySettings:
-    mode = CapacityMode(_choice("capacityMode", context("capacityMode"), tuple(m.value for m in CapacityMode)))
-    reservation_id = _str("capacityReservationId", context("capacityReservationId"), optional=True)
+def _compute_settings(context: Callable[[str], Any]) -> ComputeSettings:
+    name = string("instanceType", context("instanceType"))
+    if name not in INSTANCE_TYPES:
+        raise invalid("instanceType", name, "allowed: " + ", ".join(sorted(INSTANCE_TYPES)))
+    ami_parameter = string("amiParameter", context("amiParameter"))
+    if not _SSM_PARAMETER.match(ami_parameter):
+        raise invalid(
+            "amiParameter",
+            ami_parameter,
+            "must be an SSM parameter name such as /aws/service/deeplearning/ami/x86_64/.../latest/ami-id",
+        )
+    return ComputeSettings(
+        instance_type=INSTANCE_TYPES[name],
+        node_count=integer("nodeCount", context("nodeCount"), minimum=1, maximum=256),
+        ami_parameter=ami_parameter,
+        root_volume_gib=integer("rootVolumeGiB", context("rootVolumeGiB"), minimum=100, maximum=16384),
+        scratch_mount_point=mount_point("scratchMountPoint", context("scratchMountPoint")),
+    )
+
+
+def _capacity_settings(
+    context: Callable[[str], Any], compute: ComputeSettings, now: dt.datetime
+) -> CapacitySettings:
+    mode = CapacityMode(choice("capacityMode", context("capacityMode"), tuple(m.value for m in CapacityMode)))
+    reservation_id = string("capacityReservationId", context("capacityReservationId"), optional=True)
     if reservation_id is not None and not _RESERVATION_ID.match(reservation_id):
-        raise _fail("capacityReservationId", reservation_id, "must look like cr-0123456789abcdef0")
+        raise invalid("capacityReservationId", reservation_id, "must look like cr-0123456789abcdef0")
     raw_count = context("reservationInstanceCount")
-    count = None if raw_count in (None, "") else _int("reservationInstanceCount", raw_count, minimum=1)
-    start = _datetime("reservationStartDate", context("reservationStartDate"))
-    end = _datetime("reservationEndDate", context("reservationEndDate"))
+    count = None if raw_count in (None, "") else integer("reservationInstanceCount", raw_count, minimum=1)
+    start = timestamp("reservationStartDate", context("reservationStartDate"))
+    end = timestamp("reservationEndDate", context("reservationEndDate"))
 
     if mode is CapacityMode.CAPACITY_BLOCK and reservation_id is None:
-        raise SettingsError("capacityMode='capacity-block' needs capacityReservationId (cr-...): buy a block with "
-                            "`clusterctl capacity purchase` and pass the id it prints")
+        raise SettingsError(
+            "capacityMode='capacity-block' needs capacityReservationId (cr-...): buy a block with "
+            "`clusterctl capacity purchase` and pass the id it prints"
+        )
     if mode is CapacityMode.ON_DEMAND:
-        for key, value in (("capacityReservationId", reservation_id), ("reservationInstanceCount", count),
-                           ("reservationStartDate", start), ("reservationEndDate", end)):
+        for key, value in (
+            ("capacityReservationId", reservation_id),
+            ("reservationInstanceCount", count),
+            ("reservationStartDate", start),
+            ("reservationEndDate", end),
+        ):
             if value is not None:
-                raise _fail(key, value if not isinstance(value, dt.datetime) else value.isoformat(),
-                            "only applies with capacityMode=odcr or capacity-block")
-    if mode is CapacityMode.ODCR and reservation_id is None and count is not None and count != compute.node_count:
-        raise _fail("reservationInstanceCount", count, f"the created reservation holds nodeCount="
-                    f"{compute.node_count} instances; leave it unset")
+                raise invalid(
+                    key,
+                    value if not isinstance(value, dt.datetime) else value.isoformat(),
+                    "only applies with capacityMode=odcr or capacity-block",
+                )
+    if (
+        mode is CapacityMode.ODCR
+        and reservation_id is None
+        and count is not None
+        and count != compute.node_count
+    ):
+        raise invalid(
+            "reservationInstanceCount",
+            count,
+            f"the created reservation holds nodeCount={compute.node_count} instances; leave it unset",
+        )
     if count is not None and compute.node_count > count:
-        raise _fail("nodeCount", compute.node_count, f"must be <= reservationInstanceCount={count}, the instances the "
-                    "reservation holds")
+        raise invalid(
+            "nodeCount",
+            compute.node_count,
+            f"must be <= reservationInstanceCount={count}, the instances the reservation holds",
+        )
     if start is not None and mode is not CapacityMode.CAPACITY_BLOCK:
-        raise _fail("reservationStartDate", start.isoformat(), "only applies with capacityMode=capacity-block")
+        raise invalid(
+            "reservationStartDate", start.isoformat(), "only applies with capacityMode=capacity-block"
+        )
     if end is not None and end <= now:
-        raise _fail("reservationEndDate", end.isoformat(), "must be in the future")
+        raise invalid("reservationEndDate", end.isoformat(), "must be in the future")
     if mode is CapacityMode.CAPACITY_BLOCK and end is not None and end - CAPACITY_BLOCK_SCALE_IN_LEAD <= now:
-        raise _fail("reservationEndDate", end.isoformat(), "the block ends in less than 40 minutes: nodes are "
-                    "scaled in 40 minutes before the end, deploy against a later block")
+        raise invalid(
+            "reservationEndDate",
+            end.isoformat(),
+            "the block ends in less than 40 minutes: nodes are "
+            "scaled in 40 minutes before the end, deploy against a later block",
+        )
     if start is not None and start <= now:
         start = None  # the block has started: the nodes launch now, there is nothing to schedule
     if start is not None and end is not None and end <= start:
-        raise _fail("reservationEndDate", end.isoformat(), "must be after reservationStartDate")
-    return CapacitySettings(mode=mode, reservation_id=reservation_id, reservation_instance_count=count,
-                            reservation_start=start, reservation_end=end)
+        raise invalid("reservationEndDate", end.isoformat(), "must be after reservationStartDate")
+    return CapacitySettings(
+        mode=mode,
+        reservation_id=reservation_id,
+        reservation_instance_count=count,
+        reservation_start=start,
+        reservation_end=end,
+    )
 
 
 def _storage_settings(context: Callable[[str], Any]) -> StorageSettings:
-    storage_gib = _int("fsxStorageGiB", context("fsxStorageGiB"), minimum=1)
+    storage_gib = integer("fsxStorageGiB", context("fsxStorageGiB"), minimum=1)
     # PERSISTENT_2 file systems come in 1.2 TiB or increments of 2.4 TiB (FSx for Lustre API,
     # CreateFileSystem StorageCapacity).
     if storage_gib != 1200 and storage_gib % 2400 != 0:
-        raise _fail("fsxStorageGiB", storage_gib, "must be 1200 or a multiple of 2400 (PERSISTENT_2)")
+        raise invalid("fsxStorageGiB", storage_gib, "must be 1200 or a multiple of 2400 (PERSISTENT_2)")
     return StorageSettings(
         fsx_storage_gib=storage_gib,
-        fsx_throughput_mbps_per_tib=_choice(
-            "fsxThroughputPerTiB", _int_or_raw(context("fsxThroughputPerTiB")), FSX_THROUGHPUTS_MBPS_PER_TIB
+        fsx_throughput_mbps_per_tib=choice(
+            "fsxThroughputPerTiB", int_or_raw(context("fsxThroughputPerTiB")), FSX_THROUGHPUTS_MBPS_PER_TIB
         ),
-        fsx_efa_enabled=_bool("fsxEfaEnabled", context("fsxEfaEnabled")),
-        fsx_mount_point=_mount_point("fsxMountPoint", context("fsxMountPoint")),
-        data_bucket_name=_bucket("dataBucketName", context("dataBucketName")),
-        checkpoint_bucket_name=_bucket("checkpointBucketName", context("checkpointBucketName")),
-        checkpoint_version_retention_days=_int(
+        fsx_efa_enabled=boolean("fsxEfaEnabled", context("fsxEfaEnabled")),
+        fsx_mount_point=mount_point("fsxMountPoint", context("fsxMountPoint")),
+        data_bucket_name=bucket("dataBucketName", context("dataBucketName")),
+        checkpoint_bucket_name=bucket("checkpointBucketName", context("checkpointBucketName")),
+        checkpoint_version_retention_days=integer(
             "checkpointVersionRetentionDays", context("checkpointVersionRetentionDays"), minimum=1
         ),
     )

@@ -6,8 +6,9 @@ user-data -> nodes -> jobs document -> alarms -> outputs -> cdk-nag suppressions
 
 from __future__ import annotations
 
-
-from aws_cdk import CfnOutput, Stack, Tags, aws_autoscaling as autoscaling, aws_ec2 as ec2
+from aws_cdk import CfnOutput, Stack, Tags
+from aws_cdk import aws_autoscaling as autoscaling
+from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
@@ -34,35 +35,70 @@ class TrainingClusterStack(Stack):
         compute, capacity_settings = settings.compute, settings.capacity
         group_name = f"{construct_id}-nodes"
 
-        observability = ClusterObservability(self, "Observability", settings=settings.observability,
-                                             log_group_name=f"/training-cluster/{construct_id}")
-        network = ClusterNetwork(self, "Network", settings=settings.network,
-                                 flow_log_retention=retention_days(settings.observability.log_retention_days))
+        observability = ClusterObservability(
+            self,
+            "Observability",
+            settings=settings.observability,
+            log_group_name=f"/training-cluster/{construct_id}",
+        )
+        network = ClusterNetwork(
+            self,
+            "Network",
+            settings=settings.network,
+            flow_log_retention=retention_days(settings.observability.log_retention_days),
+        )
         if settings.storage.fsx_efa_enabled:
             network.allow_efa_file_system()
         subnet = network.node_subnets.subnets[0]
-        capacity = CapacityTarget(self, "Capacity", settings=capacity_settings, instance_type=compute.instance_type.name,
-                                  node_count=compute.node_count, availability_zone=settings.network.availability_zone)
-        storage = ClusterStorage(self, "Storage", settings=settings.storage, subnet=subnet,
-                                 security_group=network.file_system_security_group)
+        capacity = CapacityTarget(
+            self,
+            "Capacity",
+            settings=capacity_settings,
+            instance_type=compute.instance_type.name,
+            node_count=compute.node_count,
+            availability_zone=settings.network.availability_zone,
+        )
+        storage = ClusterStorage(
+            self,
+            "Storage",
+            settings=settings.storage,
+            subnet=subnet,
+            security_group=network.file_system_security_group,
+        )
 
         bundle = s3_assets.Asset(self, "NodeBundle", path=str(stage_bundle(BUNDLE_STAGING_DIR)))
         node_config = render_node_config(
-            stack_name=construct_id, region=settings.region, compute=compute, storage=settings.storage,
-            file_system_dns_name=storage.dns_name, file_system_mount_name=storage.mount_name,
+            stack_name=construct_id,
+            region=settings.region,
+            compute=compute,
+            storage=settings.storage,
+            file_system_dns_name=storage.dns_name,
+            file_system_mount_name=storage.mount_name,
             log_group_name=observability.log_group.log_group_name,
         )
-        user_data = ec2.UserData.custom(render_user_data(
-            USER_DATA_TEMPLATE.read_text(), region=settings.region, bundle_s3_uri=bundle.s3_object_url,
-            node_config_json=self.to_json_string(node_config, space=2),
-            log_group_name=observability.log_group.log_group_name,
-        ))
+        user_data = ec2.UserData.custom(
+            render_user_data(
+                USER_DATA_TEMPLATE.read_text(),
+                region=settings.region,
+                bundle_s3_uri=bundle.s3_object_url,
+                node_config_json=self.to_json_string(node_config, space=2),
+                log_group_name=observability.log_group.log_group_name,
+            )
+        )
 
-        starts_later = capacity_settings.mode is CapacityMode.CAPACITY_BLOCK and capacity_settings.reservation_start
+        starts_later = (
+            capacity_settings.mode is CapacityMode.CAPACITY_BLOCK and capacity_settings.reservation_start
+        )
         nodes = NodeGroup(
-            self, "Nodes", settings=compute, capacity=capacity, subnet=subnet,
-            security_group=network.node_security_group, user_data=user_data,
-            log_group_arn=observability.log_group.log_group_arn, group_name=group_name,
+            self,
+            "Nodes",
+            settings=compute,
+            capacity=capacity,
+            subnet=subnet,
+            security_group=network.node_security_group,
+            user_data=user_data,
+            log_group_arn=observability.log_group.log_group_arn,
+            group_name=group_name,
             desired_capacity=0 if starts_later else compute.node_count,
         )
         bundle.grant_read(nodes.role)
@@ -71,19 +107,29 @@ class TrainingClusterStack(Stack):
         nodes.auto_scaling_group.notification_configurations = [
             autoscaling.CfnAutoScalingGroup.NotificationConfigurationProperty(
                 topic_arn=observability.alarm_topic.topic_arn,
-                notification_types=["autoscaling:EC2_INSTANCE_LAUNCH", "autoscaling:EC2_INSTANCE_LAUNCH_ERROR",
-                                    "autoscaling:EC2_INSTANCE_TERMINATE", "autoscaling:EC2_INSTANCE_TERMINATE_ERROR"],
+                notification_types=[
+                    "autoscaling:EC2_INSTANCE_LAUNCH",
+                    "autoscaling:EC2_INSTANCE_LAUNCH_ERROR",
+                    "autoscaling:EC2_INSTANCE_TERMINATE",
+                    "autoscaling:EC2_INSTANCE_TERMINATE_ERROR",
+                ],
             )
         ]
         # The bundle is read at boot, and the nodes mount FSx: launch nodes only once both exist.
         nodes.auto_scaling_group.node.add_dependency(storage.data_association, storage.checkpoint_association)
         self._schedule_capacity_block(nodes, compute.node_count)
 
-        jobs = JobRunner(self, "Jobs", log_group=observability.log_group, auto_scaling_group_name=group_name,
-                         bundle_dir=BUNDLE_DIR)
+        jobs = JobRunner(
+            self,
+            "Jobs",
+            log_group=observability.log_group,
+            auto_scaling_group_name=group_name,
+            bundle_dir=BUNDLE_DIR,
+        )
         observability.add_node_alarm(auto_scaling_group_name=group_name)
-        observability.add_file_system_alarm(file_system_id=storage.file_system.ref,
-                                            storage_capacity_gib=settings.storage.fsx_storage_gib)
+        observability.add_file_system_alarm(
+            file_system_id=storage.file_system.ref, storage_capacity_gib=settings.storage.fsx_storage_gib
+        )
 
         outputs = {
             "DataBucketName": storage.data_bucket.bucket_name,
@@ -128,23 +174,34 @@ class TrainingClusterStack(Stack):
         if capacity.reservation_start:
             actions.append(("ScaleUpAtBlockStart", capacity.reservation_start, node_count))
         if capacity.reservation_end:
-            actions.append(("ScaleInBeforeBlockEnd", capacity.reservation_end - CAPACITY_BLOCK_SCALE_IN_LEAD, 0))
+            actions.append(
+                ("ScaleInBeforeBlockEnd", capacity.reservation_end - CAPACITY_BLOCK_SCALE_IN_LEAD, 0)
+            )
         for construct_id, when, size in actions:
             autoscaling.CfnScheduledAction(
-                self, construct_id, auto_scaling_group_name=nodes.auto_scaling_group.ref,
+                self,
+                construct_id,
+                auto_scaling_group_name=nodes.auto_scaling_group.ref,
                 start_time=when.strftime("%Y-%m-%dT%H:%M:%SZ"),
-                min_size=size, max_size=size, desired_capacity=size,
+                min_size=size,
+                max_size=size,
+                desired_capacity=size,
             )
 
 
-def render_user_data(template: str, *, region: str, bundle_s3_uri: str, node_config_json: str,
-                     log_group_name: str) -> str:
+def render_user_data(
+    template: str, *, region: str, bundle_s3_uri: str, node_config_json: str, log_group_name: str
+) -> str:
     """Fill the user-data template's placeholders (node_bootstrap/user_data.sh). Values may be CDK tokens."""
     rendered = template
-    for placeholder, value in (("@@REGION@@", region), ("@@BUNDLE_S3_URI@@", bundle_s3_uri),
-                               ("@@NODE_CONFIG_JSON@@", node_config_json), ("@@LOG_GROUP@@", log_group_name)):
-        if placeholder not in rendered:
-            raise ValueError(f"user-data template lacks the placeholder {placeholder}")
+    for placeholder, value in (
+        ("@@REGION@@", region),
+        ("@@BUNDLE_S3_URI@@", bundle_s3_uri),
+        ("@@NODE_CONFIG_JSON@@", node_config_json),
+        ("@@LOG_GROUP@@", log_group_name),
+    ):
+        # Exactly once: a placeholder quoted in a comment would splice multi-line JSON into the script.
+        if (found := rendered.count(placeholder)) != 1:
+            raise ValueError(f"user-data template has the placeholder {placeholder} {found} times, not once")
         rendered = rendered.replace(placeholder, value)
     return rendered
-

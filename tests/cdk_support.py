@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Reservation dates in tests are judged against this clock, so they never expire.
-TEST_NOW = dt.datetime(2026, 11, 20, 12, 0, tzinfo=dt.timezone.utc)
+TEST_NOW = dt.datetime(2026, 11, 20, 12, 0, tzinfo=dt.UTC)
 
 
 def default_context() -> dict[str, Any]:
@@ -42,8 +41,9 @@ class SynthesizedStack:
 
         self.settings = build_settings(**overrides)
         self.app = cdk.App(outdir=str(outdir), context=feature_flags())
-        self.stack = TrainingClusterStack(self.app, STACK_NAME, settings=self.settings,
-                                          env=cdk.Environment(region=self.settings.region))
+        self.stack = TrainingClusterStack(
+            self.app, STACK_NAME, settings=self.settings, env=cdk.Environment(region=self.settings.region)
+        )
         cdk.Aspects.of(self.app).add(AwsSolutionsChecks(verbose=True))
         self.template = Template.from_stack(self.stack)
         self.template_json = self.template.to_json()
@@ -62,17 +62,35 @@ class SynthesizedStack:
 # The variants every whole-stack test runs over: each capacity mode and each EFA layout family.
 STACK_VARIANTS: dict[str, dict[str, str]] = {
     "default-p5-on-demand": {},
-    "odcr-created": {"capacityMode": "odcr", "reservationEndDate": "2027-03-01T00:00:00Z", "nodeCount": "4",
-                     "alarmEmail": "ml-platform@example.com"},
-    "odcr-existing": {"capacityMode": "odcr", "capacityReservationId": "cr-0123456789abcdef0",
-                      "reservationInstanceCount": "4", "dataBucketName": "team-training-data"},
-    "capacity-block-p5en": {"capacityMode": "capacity-block", "capacityReservationId": "cr-0fedcba9876543210",
-                            "instanceType": "p5en.48xlarge", "availabilityZone": "us-east-1d",
-                            "reservationStartDate": "2027-01-05T11:30:00Z",
-                            "reservationEndDate": "2027-01-12T11:30:00Z"},
-    "p4d-isolated-efa-fsx": {"instanceType": "p4d.24xlarge", "natGateway": "false", "fsxEfaEnabled": "true",
-                             "fsxStorageGiB": "1200", "fsxThroughputPerTiB": "125", "region": "us-west-2",
-                             "availabilityZone": "us-west-2b"},
+    "odcr-created": {
+        "capacityMode": "odcr",
+        "reservationEndDate": "2027-03-01T00:00:00Z",
+        "nodeCount": "4",
+        "alarmEmail": "ml-platform@example.com",
+    },
+    "odcr-existing": {
+        "capacityMode": "odcr",
+        "capacityReservationId": "cr-0123456789abcdef0",
+        "reservationInstanceCount": "4",
+        "dataBucketName": "team-training-data",
+    },
+    "capacity-block-p5en": {
+        "capacityMode": "capacity-block",
+        "capacityReservationId": "cr-0fedcba9876543210",
+        "instanceType": "p5en.48xlarge",
+        "availabilityZone": "us-east-1d",
+        "reservationStartDate": "2027-01-05T11:30:00Z",
+        "reservationEndDate": "2027-01-12T11:30:00Z",
+    },
+    "p4d-isolated-efa-fsx": {
+        "instanceType": "p4d.24xlarge",
+        "natGateway": "false",
+        "fsxEfaEnabled": "true",
+        "fsxStorageGiB": "1200",
+        "fsxThroughputPerTiB": "125",
+        "region": "us-west-2",
+        "availabilityZone": "us-west-2b",
+    },
     "p6-b200": {"instanceType": "p6-b200.48xlarge", "nodeCount": "1"},
 }
 

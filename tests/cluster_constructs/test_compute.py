@@ -11,25 +11,48 @@ from cluster_constructs.capacity import CapacityTarget
 from cluster_constructs.compute import NodeGroup, efa_network_interfaces, root_device_name
 from cluster_constructs.instance_types import INSTANCE_TYPES
 
-EXPECTED_EFA = {"p5.48xlarge": 32, "p5e.48xlarge": 32, "p5en.48xlarge": 16, "p4d.24xlarge": 4,
-                "p4de.24xlarge": 4, "p6-b200.48xlarge": 8}
+EXPECTED_EFA = {
+    "p5.48xlarge": 32,
+    "p5e.48xlarge": 32,
+    "p5en.48xlarge": 16,
+    "p4d.24xlarge": 4,
+    "p4de.24xlarge": 4,
+    "p6-b200.48xlarge": 8,
+}
 
 
 def _node_group(**overrides):
     settings = build_settings(**overrides)
     stack = bare_stack()
-    vpc = ec2.Vpc(stack, "Vpc", availability_zones=["us-east-1a"], nat_gateways=0,
-                  subnet_configuration=[ec2.SubnetConfiguration(name="n", subnet_type=ec2.SubnetType.PRIVATE_ISOLATED)])
+    vpc = ec2.Vpc(
+        stack,
+        "Vpc",
+        availability_zones=["us-east-1a"],
+        nat_gateways=0,
+        subnet_configuration=[ec2.SubnetConfiguration(name="n", subnet_type=ec2.SubnetType.PRIVATE_ISOLATED)],
+    )
     group = ec2.SecurityGroup(stack, "Efa", vpc=vpc, allow_all_outbound=False)
-    capacity = CapacityTarget(stack, "Capacity", settings=settings.capacity,
-                              instance_type=settings.compute.instance_type.name,
-                              node_count=settings.compute.node_count,
-                              availability_zone=settings.network.availability_zone)
+    capacity = CapacityTarget(
+        stack,
+        "Capacity",
+        settings=settings.capacity,
+        instance_type=settings.compute.instance_type.name,
+        node_count=settings.compute.node_count,
+        availability_zone=settings.network.availability_zone,
+    )
     user_data = ec2.UserData.custom("#!/bin/bash\necho boot\n")
-    nodes = NodeGroup(stack, "Nodes", settings=settings.compute, capacity=capacity, subnet=vpc.isolated_subnets[0],
-                      security_group=group, user_data=user_data,
-                      log_group_arn="arn:aws:logs:us-east-1:111122223333:log-group:/training-cluster/Test",
-                      group_name="Test-nodes", desired_capacity=settings.compute.node_count)
+    nodes = NodeGroup(
+        stack,
+        "Nodes",
+        settings=settings.compute,
+        capacity=capacity,
+        subnet=vpc.isolated_subnets[0],
+        security_group=group,
+        user_data=user_data,
+        log_group_arn="arn:aws:logs:us-east-1:111122223333:log-group:/training-cluster/Test",
+        group_name="Test-nodes",
+        desired_capacity=settings.compute.node_count,
+    )
     return stack, nodes, Template.from_stack(stack)
 
 
@@ -38,13 +61,19 @@ def test_efa_layout_per_instance_type(name):
     interfaces = [vars_of(i) for i in efa_network_interfaces(INSTANCE_TYPES[name], "sg-1")]
     efa = [i for i in interfaces if i["interface_type"] == "efa-only"]
     assert len(efa) == EXPECTED_EFA[name]
-    assert interfaces[0] == {"network_card_index": 0, "device_index": 0, "interface_type": "interface",
-                             "description": "primary ENA interface", "groups": ["sg-1"],
-                             "delete_on_termination": True}
+    assert interfaces[0] == {
+        "network_card_index": 0,
+        "device_index": 0,
+        "interface_type": "interface",
+        "description": "primary ENA interface",
+        "groups": ["sg-1"],
+        "delete_on_termination": True,
+    }
     assert (efa[0]["network_card_index"], efa[0]["device_index"]) == (0, 1)
     # every further card carries one EFA-only interface on device 0, cards in order, none skipped
     assert [(i["network_card_index"], i["device_index"]) for i in efa[1:]] == [
-        (card, 0) for card in range(1, INSTANCE_TYPES[name].network_cards)]
+        (card, 0) for card in range(1, INSTANCE_TYPES[name].network_cards)
+    ]
     assert all(i["groups"] == ["sg-1"] for i in interfaces)
 
 
@@ -67,9 +96,17 @@ def test_launch_template_for_p5(p5):
     assert not any("SubnetId" in i or "AssociatePublicIpAddress" in i for i in data["NetworkInterfaces"])
     assert data["MetadataOptions"]["HttpTokens"] == "required"
     (root,) = data["BlockDeviceMappings"]
-    assert root == {"DeviceName": "/dev/xvda", "Ebs": {"DeleteOnTermination": True, "Encrypted": True,
-                                                       "Iops": 6000, "Throughput": 500, "VolumeSize": 512,
-                                                       "VolumeType": "gp3"}}
+    assert root == {
+        "DeviceName": "/dev/xvda",
+        "Ebs": {
+            "DeleteOnTermination": True,
+            "Encrypted": True,
+            "Iops": 6000,
+            "Throughput": 500,
+            "VolumeSize": 512,
+            "VolumeType": "gp3",
+        },
+    }
     assert "InstanceMarketOptions" not in data and "CapacityReservationSpecification" not in data
     # the AMI comes from the SSM public parameter at deploy time, never an id baked into the template
     assert data["ImageId"]["Ref"].startswith("SsmParameterValueawsservicedeeplearningami")
@@ -81,12 +118,18 @@ def test_launch_template_for_p5(p5):
 
 def test_group_is_fixed_size_in_the_placement_group(p5):
     stack, nodes, template = p5
-    template.has_resource_properties("AWS::AutoScaling::AutoScalingGroup", {
-        "AutoScalingGroupName": "Test-nodes", "MinSize": "2", "MaxSize": "2", "DesiredCapacity": "2",
-        "PlacementGroup": {"Ref": Match.string_like_regexp("^CapacityPlacementGroup")},
-        "CapacityReservationSpecification": Match.absent(),
-        "VPCZoneIdentifier": [Match.any_value()],
-    })
+    template.has_resource_properties(
+        "AWS::AutoScaling::AutoScalingGroup",
+        {
+            "AutoScalingGroupName": "Test-nodes",
+            "MinSize": "2",
+            "MaxSize": "2",
+            "DesiredCapacity": "2",
+            "PlacementGroup": {"Ref": Match.string_like_regexp("^CapacityPlacementGroup")},
+            "CapacityReservationSpecification": Match.absent(),
+            "VPCZoneIdentifier": [Match.any_value()],
+        },
+    )
 
 
 def _statements(template) -> list[dict]:
@@ -95,10 +138,23 @@ def _statements(template) -> list[dict]:
 
 def test_node_role_permissions_are_scoped(p5):
     _, _, template = p5
-    template.has_resource_properties("AWS::IAM::Role", {"ManagedPolicyArns": [
-        {"Fn::Join": ["", ["arn:", {"Ref": "AWS::Partition"}, ":iam::aws:policy/AmazonSSMManagedInstanceCore"]]}]})
-    by_action = {json.dumps(sorted(s["Action"]) if isinstance(s["Action"], list) else s["Action"]): s
-                 for s in _statements(template)}
+    template.has_resource_properties(
+        "AWS::IAM::Role",
+        {
+            "ManagedPolicyArns": [
+                {
+                    "Fn::Join": [
+                        "",
+                        ["arn:", {"Ref": "AWS::Partition"}, ":iam::aws:policy/AmazonSSMManagedInstanceCore"],
+                    ]
+                }
+            ]
+        },
+    )
+    by_action = {
+        json.dumps(sorted(s["Action"]) if isinstance(s["Action"], list) else s["Action"]): s
+        for s in _statements(template)
+    }
     tags = by_action[json.dumps(["ec2:CreateTags", "ec2:DeleteTags"])]
     assert tags["Condition"] == {
         "StringEquals": {"aws:ResourceTag/aws:autoscaling:groupName": "Test-nodes"},
@@ -110,35 +166,56 @@ def test_node_role_permissions_are_scoped(p5):
     metrics = by_action[json.dumps("cloudwatch:PutMetricData")]
     assert metrics["Condition"] == {"StringEquals": {"cloudwatch:namespace": ["CWAgent", "TrainingCluster"]}}
     logs = by_action[json.dumps(["logs:CreateLogStream", "logs:DescribeLogStreams", "logs:PutLogEvents"])]
-    assert logs["Resource"] == ["arn:aws:logs:us-east-1:111122223333:log-group:/training-cluster/Test",
-                                "arn:aws:logs:us-east-1:111122223333:log-group:/training-cluster/Test:log-stream:*"]
+    assert logs["Resource"] == [
+        "arn:aws:logs:us-east-1:111122223333:log-group:/training-cluster/Test",
+        "arn:aws:logs:us-east-1:111122223333:log-group:/training-cluster/Test:log-stream:*",
+    ]
     wildcard = [s for s in _statements(template) if s["Resource"] == "*"]
     assert {json.dumps(s["Action"]) for s in wildcard} == {'"cloudwatch:PutMetricData"', '"ec2:DescribeTags"'}
 
 
 def test_odcr_is_targeted_by_the_group_reservations_only():
     _, _, template = _node_group(capacityMode="odcr", capacityReservationId="cr-0123456789abcdef0")
-    template.has_resource_properties("AWS::AutoScaling::AutoScalingGroup", {
-        "PlacementGroup": Match.absent(),
-        "CapacityReservationSpecification": {
-            "CapacityReservationPreference": "capacity-reservations-only",
-            "CapacityReservationTarget": {"CapacityReservationIds": ["cr-0123456789abcdef0"]},
+    template.has_resource_properties(
+        "AWS::AutoScaling::AutoScalingGroup",
+        {
+            "PlacementGroup": Match.absent(),
+            "CapacityReservationSpecification": {
+                "CapacityReservationPreference": "capacity-reservations-only",
+                "CapacityReservationTarget": {"CapacityReservationIds": ["cr-0123456789abcdef0"]},
+            },
         },
-    })
+    )
 
 
 def test_capacity_block_in_the_launch_template():
-    _, _, template = _node_group(capacityMode="capacity-block", capacityReservationId="cr-0fedcba9876543210",
-                                 instanceType="p5en.48xlarge")
-    template.has_resource_properties("AWS::EC2::LaunchTemplate", {"LaunchTemplateData": Match.object_like({
-        "InstanceType": "p5en.48xlarge",
-        "InstanceMarketOptions": {"MarketType": "capacity-block"},
-        "CapacityReservationSpecification": {"CapacityReservationTarget": {
-            "CapacityReservationId": "cr-0fedcba9876543210"}},
-    })})
+    _, _, template = _node_group(
+        capacityMode="capacity-block",
+        capacityReservationId="cr-0fedcba9876543210",
+        instanceType="p5en.48xlarge",
+    )
+    template.has_resource_properties(
+        "AWS::EC2::LaunchTemplate",
+        {
+            "LaunchTemplateData": Match.object_like(
+                {
+                    "InstanceType": "p5en.48xlarge",
+                    "InstanceMarketOptions": {"MarketType": "capacity-block"},
+                    "CapacityReservationSpecification": {
+                        "CapacityReservationTarget": {"CapacityReservationId": "cr-0fedcba9876543210"}
+                    },
+                }
+            )
+        },
+    )
     template.has_resource_properties("AWS::AutoScaling::AutoScalingGroup", {"PlacementGroup": Match.absent()})
 
 
 def test_root_device_follows_the_ami_family():
-    assert root_device_name("/aws/service/deeplearning/ami/x86_64/x-amazon-linux-2023/latest/ami-id") == "/dev/xvda"
-    assert root_device_name("/aws/service/deeplearning/ami/x86_64/x-ubuntu-22.04/latest/ami-id") == "/dev/sda1"
+    assert (
+        root_device_name("/aws/service/deeplearning/ami/x86_64/x-amazon-linux-2023/latest/ami-id")
+        == "/dev/xvda"
+    )
+    assert (
+        root_device_name("/aws/service/deeplearning/ami/x86_64/x-ubuntu-22.04/latest/ami-id") == "/dev/sda1"
+    )

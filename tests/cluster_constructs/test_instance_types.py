@@ -11,22 +11,35 @@ from cluster_constructs.instance_types import (
 
 
 def test_catalog_covers_the_supported_types():
-    assert sorted(INSTANCE_TYPES) == ["p4d.24xlarge", "p4de.24xlarge", "p5.48xlarge", "p5e.48xlarge",
-                                      "p5en.48xlarge", "p6-b200.48xlarge"]
+    assert sorted(INSTANCE_TYPES) == [
+        "p4d.24xlarge",
+        "p4de.24xlarge",
+        "p5.48xlarge",
+        "p5e.48xlarge",
+        "p5en.48xlarge",
+        "p6-b200.48xlarge",
+    ]
 
 
-@pytest.mark.parametrize(("name", "gpus", "gpu_gib", "efa", "bf16"), [
-    ("p5.48xlarge", 8, 80, 32, 989.0),
-    ("p5e.48xlarge", 8, 141, 32, 989.0),
-    ("p5en.48xlarge", 8, 141, 16, 989.0),
-    ("p4d.24xlarge", 8, 40, 4, 312.0),
-    ("p4de.24xlarge", 8, 80, 4, 312.0),
-    ("p6-b200.48xlarge", 8, 179, 8, 2250.0),
-])
+@pytest.mark.parametrize(
+    ("name", "gpus", "gpu_gib", "efa", "bf16"),
+    [
+        ("p5.48xlarge", 8, 80, 32, 989.0),
+        ("p5e.48xlarge", 8, 141, 32, 989.0),
+        ("p5en.48xlarge", 8, 141, 16, 989.0),
+        ("p4d.24xlarge", 8, 40, 4, 312.0),
+        ("p4de.24xlarge", 8, 80, 4, 312.0),
+        ("p6-b200.48xlarge", 8, 179, 8, 2250.0),
+    ],
+)
 def test_facts(name, gpus, gpu_gib, efa, bf16):
     entry = get_instance_type(name)
     assert (entry.gpu_count, entry.gpu_memory_gib, entry.efa_interfaces, entry.peak_bf16_tflops_per_gpu) == (
-        gpus, gpu_gib, efa, bf16)
+        gpus,
+        gpu_gib,
+        efa,
+        bf16,
+    )
     assert entry.efa_interfaces == entry.network_cards  # one EFA-only interface per card
     assert entry.nvme_devices == 8 and entry.on_demand_usd_per_hour > 0
     assert entry.peak_bf16_tflops_per_instance == bf16 * gpus
@@ -38,7 +51,9 @@ def test_fp8_only_from_hopper_on():
 
 
 def test_unknown_type_lists_the_allowed_ones():
-    with pytest.raises(UnknownInstanceType, match=r"unknown instance type 'p5\.4xlarge'; allowed: p4d\.24xlarge"):
+    with pytest.raises(
+        UnknownInstanceType, match=r"unknown instance type 'p5\.4xlarge'; allowed: p4d\.24xlarge"
+    ):
         get_instance_type("p5.4xlarge")
 
 

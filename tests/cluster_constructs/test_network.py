@@ -11,8 +11,12 @@ from cluster_constructs.network import ClusterNetwork
 
 def _network(**overrides):
     stack = bare_stack()
-    network = ClusterNetwork(stack, "Network", settings=build_settings(**overrides).network,
-                             flow_log_retention=logs.RetentionDays.ONE_MONTH)
+    network = ClusterNetwork(
+        stack,
+        "Network",
+        settings=build_settings(**overrides).network,
+        flow_log_retention=logs.RetentionDays.ONE_MONTH,
+    )
     return network, Template.from_stack(stack)
 
 
@@ -45,23 +49,42 @@ def test_without_nat_there_is_no_public_subnet(isolated):
 def test_efa_group_allows_all_traffic_to_and_from_itself(with_nat):
     network, template = with_nat
     group_id = cdk.Stack.of(network).resolve(network.node_security_group.security_group_id)
-    template.has_resource_properties("AWS::EC2::SecurityGroupIngress", {
-        "IpProtocol": "-1", "GroupId": group_id, "SourceSecurityGroupId": group_id,
-    })
-    template.has_resource_properties("AWS::EC2::SecurityGroupEgress", {
-        "IpProtocol": "-1", "GroupId": group_id, "DestinationSecurityGroupId": group_id,
-    })
+    template.has_resource_properties(
+        "AWS::EC2::SecurityGroupIngress",
+        {
+            "IpProtocol": "-1",
+            "GroupId": group_id,
+            "SourceSecurityGroupId": group_id,
+        },
+    )
+    template.has_resource_properties(
+        "AWS::EC2::SecurityGroupEgress",
+        {
+            "IpProtocol": "-1",
+            "GroupId": group_id,
+            "DestinationSecurityGroupId": group_id,
+        },
+    )
 
 
 def test_efa_group_has_no_blanket_egress(with_nat):
     # allow_all_outbound=True would have replaced the explicit self-egress with 0.0.0.0/0 all traffic.
     _, template = with_nat
-    groups = template.find_resources("AWS::EC2::SecurityGroup",
-                                     {"Properties": {"GroupDescription": Match.string_like_regexp("^EFA nodes")}})
+    groups = template.find_resources(
+        "AWS::EC2::SecurityGroup",
+        {"Properties": {"GroupDescription": Match.string_like_regexp("^EFA nodes")}},
+    )
     (group,) = groups.values()
     egress = group["Properties"]["SecurityGroupEgress"]
-    assert egress == [{"CidrIp": "0.0.0.0/0", "Description": "HTTPS to AWS APIs, S3 and package mirrors",
-                       "FromPort": 443, "IpProtocol": "tcp", "ToPort": 443}]
+    assert egress == [
+        {
+            "CidrIp": "0.0.0.0/0",
+            "Description": "HTTPS to AWS APIs, S3 and package mirrors",
+            "FromPort": 443,
+            "IpProtocol": "tcp",
+            "ToPort": 443,
+        }
+    ]
 
 
 @pytest.mark.parametrize(("from_port", "to_port"), [(988, 988), (1018, 1023)])
@@ -71,14 +94,18 @@ def test_lustre_ports_open_both_ways_between_nodes_and_fsx(with_nat, from_port, 
     nodes = resolve(network.node_security_group.security_group_id)
     fsx = resolve(network.file_system_security_group.security_group_id)
     rule = {"IpProtocol": "tcp", "FromPort": from_port, "ToPort": to_port}
-    template.has_resource_properties("AWS::EC2::SecurityGroupIngress",
-                                     {**rule, "GroupId": fsx, "SourceSecurityGroupId": nodes})
-    template.has_resource_properties("AWS::EC2::SecurityGroupIngress",
-                                     {**rule, "GroupId": nodes, "SourceSecurityGroupId": fsx})
-    template.has_resource_properties("AWS::EC2::SecurityGroupEgress",
-                                     {**rule, "GroupId": nodes, "DestinationSecurityGroupId": fsx})
-    template.has_resource_properties("AWS::EC2::SecurityGroupIngress",
-                                     {**rule, "GroupId": fsx, "SourceSecurityGroupId": fsx})
+    template.has_resource_properties(
+        "AWS::EC2::SecurityGroupIngress", {**rule, "GroupId": fsx, "SourceSecurityGroupId": nodes}
+    )
+    template.has_resource_properties(
+        "AWS::EC2::SecurityGroupIngress", {**rule, "GroupId": nodes, "SourceSecurityGroupId": fsx}
+    )
+    template.has_resource_properties(
+        "AWS::EC2::SecurityGroupEgress", {**rule, "GroupId": nodes, "DestinationSecurityGroupId": fsx}
+    )
+    template.has_resource_properties(
+        "AWS::EC2::SecurityGroupIngress", {**rule, "GroupId": fsx, "SourceSecurityGroupId": fsx}
+    )
 
 
 def test_endpoints_for_private_nodes(isolated):
@@ -90,17 +117,24 @@ def test_endpoints_for_private_nodes(isolated):
     joined = " ".join(services)
     for service in ("ssm", "ssmmessages", "ec2messages", "logs", "monitoring", "ec2", "autoscaling"):
         assert f"com.amazonaws.us-east-1.{service}" in joined, service
-    template.has_resource_properties("AWS::EC2::VPCEndpoint", {"VpcEndpointType": "Gateway",
-                                                               "ServiceName": Match.any_value()})
+    template.has_resource_properties(
+        "AWS::EC2::VPCEndpoint", {"VpcEndpointType": "Gateway", "ServiceName": Match.any_value()}
+    )
     template.resource_count_is("AWS::EC2::VPCEndpoint", 8)
 
 
 def test_endpoints_accept_https_from_nodes_only(isolated):
     network, template = isolated
     nodes = cdk.Stack.of(network).resolve(network.node_security_group.security_group_id)
-    template.has_resource_properties("AWS::EC2::SecurityGroupIngress", {
-        "IpProtocol": "tcp", "FromPort": 443, "ToPort": 443, "SourceSecurityGroupId": nodes,
-    })
+    template.has_resource_properties(
+        "AWS::EC2::SecurityGroupIngress",
+        {
+            "IpProtocol": "tcp",
+            "FromPort": 443,
+            "ToPort": 443,
+            "SourceSecurityGroupId": nodes,
+        },
+    )
     for group in resources_of(template, "AWS::EC2::SecurityGroup"):
         for rule in group.get("SecurityGroupIngress", []):
             assert rule.get("CidrIp") != "0.0.0.0/0"
@@ -108,20 +142,24 @@ def test_endpoints_accept_https_from_nodes_only(isolated):
 
 def test_flow_logs_go_to_cloudwatch(with_nat):
     _, template = with_nat
-    template.has_resource_properties("AWS::EC2::FlowLog", {"LogDestinationType": "cloud-watch-logs",
-                                                           "ResourceType": "VPC"})
+    template.has_resource_properties(
+        "AWS::EC2::FlowLog", {"LogDestinationType": "cloud-watch-logs", "ResourceType": "VPC"}
+    )
 
 
 def test_efa_file_system_rules_are_added_on_request():
     stack = bare_stack()
-    network = ClusterNetwork(stack, "Network", settings=build_settings().network,
-                             flow_log_retention=logs.RetentionDays.ONE_MONTH)
+    network = ClusterNetwork(
+        stack, "Network", settings=build_settings().network, flow_log_retention=logs.RetentionDays.ONE_MONTH
+    )
     network.allow_efa_file_system()
     template = Template.from_stack(stack)
     resolve = stack.resolve
     nodes = resolve(network.node_security_group.security_group_id)
     fsx = resolve(network.file_system_security_group.security_group_id)
-    template.has_resource_properties("AWS::EC2::SecurityGroupIngress",
-                                     {"IpProtocol": "-1", "GroupId": fsx, "SourceSecurityGroupId": nodes})
-    template.has_resource_properties("AWS::EC2::SecurityGroupIngress",
-                                     {"IpProtocol": "-1", "GroupId": fsx, "SourceSecurityGroupId": fsx})
+    template.has_resource_properties(
+        "AWS::EC2::SecurityGroupIngress", {"IpProtocol": "-1", "GroupId": fsx, "SourceSecurityGroupId": nodes}
+    )
+    template.has_resource_properties(
+        "AWS::EC2::SecurityGroupIngress", {"IpProtocol": "-1", "GroupId": fsx, "SourceSecurityGroupId": fsx}
+    )

@@ -15,9 +15,13 @@ GOLDEN = Path(__file__).parent / "golden" / "node-config.json"
 def _rendered(**overrides) -> dict:
     settings = build_settings(**overrides)
     return render_node_config(
-        stack_name="TrainingClusterStack", region=settings.region, compute=settings.compute,
-        storage=settings.storage, file_system_dns_name="fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com",
-        file_system_mount_name="abcdefgh", log_group_name="/training-cluster/TrainingClusterStack",
+        stack_name="TrainingClusterStack",
+        region=settings.region,
+        compute=settings.compute,
+        storage=settings.storage,
+        file_system_dns_name="fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com",
+        file_system_mount_name="abcdefgh",
+        log_group_name="/training-cluster/TrainingClusterStack",
     )
 
 
@@ -28,8 +32,12 @@ def test_matches_golden_file():
 
 def test_expected_counts_come_from_the_catalog():
     config = _rendered(instanceType="p5en.48xlarge", fsxEfaEnabled="true", scratchMountPoint="/local")
-    assert config["expected"] == {"gpuCount": 8, "gpuMemoryGiB": 141, "efaInterfaceCount": 16,
-                                  "nvmeDeviceCount": 8}
+    assert config["expected"] == {
+        "gpuCount": 8,
+        "gpuMemoryGiB": 141,
+        "efaInterfaceCount": 16,
+        "nvmeDeviceCount": 8,
+    }
     assert config["lustre"]["efaEnabled"] is True
     assert config["scratch"]["mountPoint"] == "/local"
 

@@ -11,43 +11,68 @@ from stacks.settings import LOG_RETENTION_DAYS
 @pytest.fixture(scope="module")
 def template():
     stack = bare_stack()
-    observability = ClusterObservability(stack, "Obs", settings=build_settings(alarmEmail="ops@example.com").observability,
-                                         log_group_name="/training-cluster/Test")
+    observability = ClusterObservability(
+        stack,
+        "Obs",
+        settings=build_settings(alarmEmail="ops@example.com").observability,
+        log_group_name="/training-cluster/Test",
+    )
     observability.add_node_alarm(auto_scaling_group_name="Test-nodes")
     observability.add_file_system_alarm(file_system_id="fs-0123456789abcdef0", storage_capacity_gib=4800)
     return Template.from_stack(stack)
 
 
 def test_log_group_is_retained_with_retention(template):
-    template.has_resource("AWS::Logs::LogGroup", {
-        "Properties": {"LogGroupName": "/training-cluster/Test", "RetentionInDays": 30},
-        "DeletionPolicy": "Retain",
-    })
+    template.has_resource(
+        "AWS::Logs::LogGroup",
+        {
+            "Properties": {"LogGroupName": "/training-cluster/Test", "RetentionInDays": 30},
+            "DeletionPolicy": "Retain",
+        },
+    )
 
 
 def test_topic_is_encrypted_and_subscribed(template):
     template.has_resource_properties("AWS::SNS::Topic", {"KmsMasterKeyId": Match.any_value()})
-    template.has_resource_properties("AWS::SNS::Subscription", {"Protocol": "email", "Endpoint": "ops@example.com"})
+    template.has_resource_properties(
+        "AWS::SNS::Subscription", {"Protocol": "email", "Endpoint": "ops@example.com"}
+    )
     (key,) = resources_of(template, "AWS::KMS::Key")
-    principals = [s["Principal"] for s in key["KeyPolicy"]["Statement"] if "Service" in s.get("Principal", {})]
-    services = {svc for p in principals for svc in (p["Service"] if isinstance(p["Service"], list) else [p["Service"]])}
+    principals = [
+        s["Principal"] for s in key["KeyPolicy"]["Statement"] if "Service" in s.get("Principal", {})
+    ]
+    services = {
+        svc
+        for p in principals
+        for svc in (p["Service"] if isinstance(p["Service"], list) else [p["Service"]])
+    }
     assert services == {"cloudwatch.amazonaws.com", "autoscaling.amazonaws.com"}
 
 
 def test_missing_nodes_alarm(template):
-    template.has_resource_properties("AWS::CloudWatch::Alarm", {
-        "ComparisonOperator": "GreaterThanThreshold", "Threshold": 0, "EvaluationPeriods": 3,
-        "Metrics": Match.array_with([Match.object_like({"Expression": "desired - inservice"})]),
-        "AlarmActions": [{"Ref": Match.string_like_regexp("^ObsAlarmTopic")}],
-    })
+    template.has_resource_properties(
+        "AWS::CloudWatch::Alarm",
+        {
+            "ComparisonOperator": "GreaterThanThreshold",
+            "Threshold": 0,
+            "EvaluationPeriods": 3,
+            "Metrics": Match.array_with([Match.object_like({"Expression": "desired - inservice"})]),
+            "AlarmActions": [{"Ref": Match.string_like_regexp("^ObsAlarmTopic")}],
+        },
+    )
 
 
 def test_file_system_full_alarm(template):
-    template.has_resource_properties("AWS::CloudWatch::Alarm", {
-        "MetricName": "FreeDataStorageCapacity", "Namespace": "AWS/FSx",
-        "ComparisonOperator": "LessThanThreshold", "Threshold": 4800 * 1024**3 * 0.1,
-        "Dimensions": [{"Name": "FileSystemId", "Value": "fs-0123456789abcdef0"}],
-    })
+    template.has_resource_properties(
+        "AWS::CloudWatch::Alarm",
+        {
+            "MetricName": "FreeDataStorageCapacity",
+            "Namespace": "AWS/FSx",
+            "ComparisonOperator": "LessThanThreshold",
+            "Threshold": 4800 * 1024**3 * 0.1,
+            "Dimensions": [{"Name": "FileSystemId", "Value": "fs-0123456789abcdef0"}],
+        },
+    )
 
 
 def test_every_allowed_retention_maps_to_the_cdk_enum():

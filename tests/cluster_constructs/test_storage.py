@@ -10,11 +10,21 @@ from cluster_constructs.storage import ClusterStorage
 
 def _storage(**overrides):
     stack = bare_stack()
-    vpc = ec2.Vpc(stack, "Vpc", availability_zones=["us-east-1a"], nat_gateways=0,
-                  subnet_configuration=[ec2.SubnetConfiguration(name="n", subnet_type=ec2.SubnetType.PRIVATE_ISOLATED)])
+    vpc = ec2.Vpc(
+        stack,
+        "Vpc",
+        availability_zones=["us-east-1a"],
+        nat_gateways=0,
+        subnet_configuration=[ec2.SubnetConfiguration(name="n", subnet_type=ec2.SubnetType.PRIVATE_ISOLATED)],
+    )
     group = ec2.SecurityGroup(stack, "Sg", vpc=vpc)
-    storage = ClusterStorage(stack, "Storage", settings=build_settings(**overrides).storage,
-                             subnet=vpc.isolated_subnets[0], security_group=group)
+    storage = ClusterStorage(
+        stack,
+        "Storage",
+        settings=build_settings(**overrides).storage,
+        subnet=vpc.isolated_subnets[0],
+        security_group=group,
+    )
     return storage, Template.from_stack(stack)
 
 
@@ -29,11 +39,18 @@ def test_buckets_are_encrypted_private_and_ssl_only(created):
     assert len(buckets) == 3  # data, checkpoints, access logs
     for bucket in buckets.values():
         props = bucket["Properties"]
-        assert props["BucketEncryption"]["ServerSideEncryptionConfiguration"][0][
-            "ServerSideEncryptionByDefault"]["SSEAlgorithm"] == "AES256"
+        assert (
+            props["BucketEncryption"]["ServerSideEncryptionConfiguration"][0][
+                "ServerSideEncryptionByDefault"
+            ]["SSEAlgorithm"]
+            == "AES256"
+        )
         assert props["PublicAccessBlockConfiguration"] == {
-            "BlockPublicAcls": True, "BlockPublicPolicy": True, "IgnorePublicAcls": True,
-            "RestrictPublicBuckets": True}
+            "BlockPublicAcls": True,
+            "BlockPublicPolicy": True,
+            "IgnorePublicAcls": True,
+            "RestrictPublicBuckets": True,
+        }
         assert bucket["DeletionPolicy"] == "Retain"
     for policy in resources_of(template, "AWS::S3::BucketPolicy"):
         deny = [s for s in policy["PolicyDocument"]["Statement"] if s["Effect"] == "Deny"]
@@ -42,28 +59,46 @@ def test_buckets_are_encrypted_private_and_ssl_only(created):
 
 def test_checkpoints_are_versioned_with_old_versions_expiring(created):
     _, template = created
-    template.has_resource_properties("AWS::S3::Bucket", {
-        "VersioningConfiguration": {"Status": "Enabled"},
-        "LifecycleConfiguration": {"Rules": Match.array_with([Match.object_like({
-            "NoncurrentVersionExpiration": {"NoncurrentDays": 30}, "Status": "Enabled"})])},
-    })
+    template.has_resource_properties(
+        "AWS::S3::Bucket",
+        {
+            "VersioningConfiguration": {"Status": "Enabled"},
+            "LifecycleConfiguration": {
+                "Rules": Match.array_with(
+                    [
+                        Match.object_like(
+                            {"NoncurrentVersionExpiration": {"NoncurrentDays": 30}, "Status": "Enabled"}
+                        )
+                    ]
+                )
+            },
+        },
+    )
 
 
 def test_lustre_is_persistent_2_with_lz4_and_metadata(created):
     _, template = created
-    template.has_resource_properties("AWS::FSx::FileSystem", {
-        "FileSystemType": "LUSTRE",
-        "StorageCapacity": 4800,
-        "LustreConfiguration": {
-            "DeploymentType": "PERSISTENT_2", "PerUnitStorageThroughput": 1000, "DataCompressionType": "LZ4",
-            "MetadataConfiguration": {"Mode": "AUTOMATIC"}, "EfaEnabled": Match.absent(),
+    template.has_resource_properties(
+        "AWS::FSx::FileSystem",
+        {
+            "FileSystemType": "LUSTRE",
+            "StorageCapacity": 4800,
+            "LustreConfiguration": {
+                "DeploymentType": "PERSISTENT_2",
+                "PerUnitStorageThroughput": 1000,
+                "DataCompressionType": "LZ4",
+                "MetadataConfiguration": {"Mode": "AUTOMATIC"},
+                "EfaEnabled": Match.absent(),
+            },
         },
-    })
+    )
 
 
 def test_data_repository_associations_sync_both_ways(created):
     _, template = created
-    associations = {a["FileSystemPath"]: a for a in resources_of(template, "AWS::FSx::DataRepositoryAssociation")}
+    associations = {
+        a["FileSystemPath"]: a for a in resources_of(template, "AWS::FSx::DataRepositoryAssociation")
+    }
     assert set(associations) == {"/data", "/checkpoints"}
     for association in associations.values():
         assert association["S3"] == {
@@ -74,12 +109,23 @@ def test_data_repository_associations_sync_both_ways(created):
 
 
 def test_existing_buckets_are_imported_not_created():
-    storage, template = _storage(dataBucketName="team-data", checkpointBucketName="team-ckpt",
-                                 fsxEfaEnabled="true", fsxStorageGiB="1200", fsxThroughputPerTiB="250")
+    storage, template = _storage(
+        dataBucketName="team-data",
+        checkpointBucketName="team-ckpt",
+        fsxEfaEnabled="true",
+        fsxStorageGiB="1200",
+        fsxThroughputPerTiB="250",
+    )
     template.resource_count_is("AWS::S3::Bucket", 1)  # only the access-log bucket
-    paths = {a["FileSystemPath"]: a["DataRepositoryPath"]
-             for a in resources_of(template, "AWS::FSx::DataRepositoryAssociation")}
+    paths = {
+        a["FileSystemPath"]: a["DataRepositoryPath"]
+        for a in resources_of(template, "AWS::FSx::DataRepositoryAssociation")
+    }
     assert paths == {"/data": "s3://team-data", "/checkpoints": "s3://team-ckpt"}
-    template.has_resource_properties("AWS::FSx::FileSystem", {
-        "StorageCapacity": 1200, "LustreConfiguration": Match.object_like({"EfaEnabled": True,
-                                                                           "PerUnitStorageThroughput": 250})})
+    template.has_resource_properties(
+        "AWS::FSx::FileSystem",
+        {
+            "StorageCapacity": 1200,
+            "LustreConfiguration": Match.object_like({"EfaEnabled": True, "PerUnitStorageThroughput": 250}),
+        },
+    )

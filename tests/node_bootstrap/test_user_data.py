@@ -55,11 +55,11 @@ exec "$STUB_REAL_PYTHON" "$@"
 
 
 def render(config_json: str) -> str:
-    text = TEMPLATE.read_text()
-    values = ("us-east-1", BUNDLE_URI, config_json, "/training-cluster/TrainingClusterStack")
-    for placeholder, value in zip(PLACEHOLDERS, values, strict=True):
-        text = text.replace(placeholder, value)
-    return text
+    """The template filled in by the stack's own renderer (what the launch template carries, tokens aside)."""
+    from stacks.training_cluster_stack import render_user_data
+
+    return render_user_data(TEMPLATE.read_text(), region="us-east-1", bundle_s3_uri=BUNDLE_URI,
+                            node_config_json=config_json, log_group_name="/training-cluster/TrainingClusterStack")
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@ network access to AWS: what `make synth` runs."""
 
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -17,20 +16,35 @@ pytestmark = pytest.mark.skipif(not CDK.exists(), reason="node_modules missing: 
 
 def _offline_env(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(HOME=str(home), AWS_EC2_METADATA_DISABLED="true", CDK_DISABLE_CLI_TELEMETRY="true",
-               AWS_CONFIG_FILE=str(home / "none"), AWS_SHARED_CREDENTIALS_FILE=str(home / "none"),
-               JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION="1", JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION="20")
+    env.update(
+        HOME=str(home),
+        AWS_EC2_METADATA_DISABLED="true",
+        CDK_DISABLE_CLI_TELEMETRY="true",
+        AWS_CONFIG_FILE=str(home / "none"),
+        AWS_SHARED_CREDENTIALS_FILE=str(home / "none"),
+        JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION="1",
+        JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION="20",
+    )
     env["PATH"] = f"{REPO_ROOT / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     return env
 
 
 def _cdk_synth(tmp_path: Path, *context: str) -> subprocess.CompletedProcess:
-    args = [str(CDK), "synth", "TrainingClusterStack", "--quiet", "--no-notices", "--no-version-reporting",
-            "--output", str(tmp_path / "cdk.out")]
+    args = [
+        str(CDK),
+        "synth",
+        "TrainingClusterStack",
+        "--quiet",
+        "--no-notices",
+        "--no-version-reporting",
+        "--output",
+        str(tmp_path / "cdk.out"),
+    ]
     for item in context:
         args += ["-c", item]
-    return subprocess.run(args, cwd=REPO_ROOT, env=_offline_env(tmp_path), capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(
+        args, cwd=REPO_ROOT, env=_offline_env(tmp_path), capture_output=True, text=True, timeout=600
+    )
 
 
 def test_cli_synthesizes_the_default_cluster_offline(tmp_path):
@@ -46,5 +60,8 @@ def test_cli_synthesizes_the_default_cluster_offline(tmp_path):
 def test_cli_rejects_a_bad_setting_with_one_line(tmp_path):
     result = _cdk_synth(tmp_path, "fsxStorageGiB=3000")
     assert result.returncode != 0
-    assert "Invalid setting: fsxStorageGiB=3000: must be 1200 or a multiple of 2400 (PERSISTENT_2)" in result.stderr
+    assert (
+        "Invalid setting: fsxStorageGiB=3000: must be 1200 or a multiple of 2400 (PERSISTENT_2)"
+        in result.stderr
+    )
     assert "Traceback" not in result.stderr

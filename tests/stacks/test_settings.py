@@ -24,8 +24,15 @@ def test_defaults_from_cdk_json():
 
 
 def test_command_line_strings_are_typed():
-    settings = build_settings(nodeCount="4", natGateway="false", fsxEfaEnabled="true", fsxStorageGiB="2400",
-                              fsxThroughputPerTiB="500", logRetentionDays="90", tags="team=ml,cost-center=42")
+    settings = build_settings(
+        nodeCount="4",
+        natGateway="false",
+        fsxEfaEnabled="true",
+        fsxStorageGiB="2400",
+        fsxThroughputPerTiB="500",
+        logRetentionDays="90",
+        tags="team=ml,cost-center=42",
+    )
     assert settings.compute.node_count == 4
     assert settings.network.nat_gateway is False
     assert settings.storage.fsx_efa_enabled is True
@@ -42,7 +49,7 @@ def test_tags_as_json_from_command_line():
 def test_odcr_without_id_creates_a_reservation_in_the_placement_group():
     capacity = build_settings(capacityMode="odcr", reservationEndDate="2027-01-01T00:00:00Z").capacity
     assert capacity.creates_reservation and capacity.uses_placement_group
-    assert capacity.reservation_end == dt.datetime(2027, 1, 1, tzinfo=dt.timezone.utc)
+    assert capacity.reservation_end == dt.datetime(2027, 1, 1, tzinfo=dt.UTC)
 
 
 def test_existing_reservation_has_no_placement_group():
@@ -51,47 +58,84 @@ def test_existing_reservation_has_no_placement_group():
 
 
 def test_capacity_block_start_in_the_past_means_nothing_to_schedule():
-    capacity = build_settings(capacityMode="capacity-block", capacityReservationId="cr-0123456789abcdef0",
-                              reservationStartDate="2026-11-01T00:00:00Z",
-                              reservationEndDate="2026-11-28T00:00:00Z").capacity
+    capacity = build_settings(
+        capacityMode="capacity-block",
+        capacityReservationId="cr-0123456789abcdef0",
+        reservationStartDate="2026-11-01T00:00:00Z",
+        reservationEndDate="2026-11-28T00:00:00Z",
+    ).capacity
     assert capacity.reservation_start is None
-    assert capacity.reservation_end == dt.datetime(2026, 11, 28, tzinfo=dt.timezone.utc)
+    assert capacity.reservation_end == dt.datetime(2026, 11, 28, tzinfo=dt.UTC)
 
 
 BAD_SETTINGS = [
-    ({"instanceType": "p5.large"}, "instanceType='p5.large': allowed: p4d.24xlarge, p4de.24xlarge, p5.48xlarge, "
-                                   "p5e.48xlarge, p5en.48xlarge, p6-b200.48xlarge"),
+    (
+        {"instanceType": "p5.large"},
+        "instanceType='p5.large': allowed: p4d.24xlarge, p4de.24xlarge, p5.48xlarge, "
+        "p5e.48xlarge, p5en.48xlarge, p6-b200.48xlarge",
+    ),
     ({"nodeCount": "0"}, "nodeCount=0: must be an integer >= 1 and <= 256"),
     ({"nodeCount": "two"}, "nodeCount='two': must be an integer"),
-    ({"nodeCount": "8", "capacityMode": "odcr", "capacityReservationId": "cr-0123456789abcdef0",
-      "reservationInstanceCount": "4"}, "nodeCount=8: must be <= reservationInstanceCount=4"),
-    ({"capacityMode": "capacity-block"}, "capacityMode='capacity-block' needs capacityReservationId (cr-...)"),
+    (
+        {
+            "nodeCount": "8",
+            "capacityMode": "odcr",
+            "capacityReservationId": "cr-0123456789abcdef0",
+            "reservationInstanceCount": "4",
+        },
+        "nodeCount=8: must be <= reservationInstanceCount=4",
+    ),
+    (
+        {"capacityMode": "capacity-block"},
+        "capacityMode='capacity-block' needs capacityReservationId (cr-...)",
+    ),
     ({"capacityMode": "spot"}, "capacityMode='spot': allowed: on-demand, odcr, capacity-block"),
-    ({"capacityMode": "odcr", "capacityReservationId": "cr-12345"},
-     "capacityReservationId='cr-12345': must look like cr-0123456789abcdef0"),
-    ({"capacityReservationId": "cr-0123456789abcdef0"},
-     "capacityReservationId='cr-0123456789abcdef0': only applies with capacityMode=odcr or capacity-block"),
+    (
+        {"capacityMode": "odcr", "capacityReservationId": "cr-12345"},
+        "capacityReservationId='cr-12345': must look like cr-0123456789abcdef0",
+    ),
+    (
+        {"capacityReservationId": "cr-0123456789abcdef0"},
+        "capacityReservationId='cr-0123456789abcdef0': only applies with capacityMode=odcr or capacity-block",
+    ),
     ({"fsxStorageGiB": "2000"}, "fsxStorageGiB=2000: must be 1200 or a multiple of 2400 (PERSISTENT_2)"),
     ({"fsxStorageGiB": "600"}, "fsxStorageGiB=600: must be 1200 or a multiple of 2400 (PERSISTENT_2)"),
     ({"fsxThroughputPerTiB": "200"}, "fsxThroughputPerTiB=200: allowed: 125, 250, 500, 1000"),
     ({"availabilityZone": "us-west-2a"}, "availabilityZone='us-west-2a': must be a zone of region us-east-1"),
     ({"region": "mars-1"}, "region='mars-1': must be an AWS region code such as us-east-1"),
     ({"natGateway": "maybe"}, "natGateway='maybe': allowed: true, false"),
-    ({"capacityMode": "odcr", "reservationEndDate": "next week"},
-     "reservationEndDate='next week': must be an ISO 8601 time"),
-    ({"capacityMode": "odcr", "reservationEndDate": "2027-01-01T00:00:00"},
-     "reservationEndDate='2027-01-01T00:00:00': must carry a time zone"),
-    ({"capacityMode": "odcr", "reservationEndDate": "2026-01-01T00:00:00Z"},
-     "reservationEndDate='2026-01-01T00:00:00+00:00': must be in the future"),
-    ({"capacityMode": "capacity-block", "capacityReservationId": "cr-0123456789abcdef0",
-      "reservationEndDate": "2026-11-20T12:30:00Z"}, "the block ends in less than 40 minutes"),
-    ({"capacityMode": "odcr", "reservationStartDate": "2027-01-01T00:00:00Z"},
-     "reservationStartDate='2027-01-01T00:00:00+00:00': only applies with capacityMode=capacity-block"),
+    (
+        {"capacityMode": "odcr", "reservationEndDate": "next week"},
+        "reservationEndDate='next week': must be an ISO 8601 time",
+    ),
+    (
+        {"capacityMode": "odcr", "reservationEndDate": "2027-01-01T00:00:00"},
+        "reservationEndDate='2027-01-01T00:00:00': must carry a time zone",
+    ),
+    (
+        {"capacityMode": "odcr", "reservationEndDate": "2026-01-01T00:00:00Z"},
+        "reservationEndDate='2026-01-01T00:00:00+00:00': must be in the future",
+    ),
+    (
+        {
+            "capacityMode": "capacity-block",
+            "capacityReservationId": "cr-0123456789abcdef0",
+            "reservationEndDate": "2026-11-20T12:30:00Z",
+        },
+        "the block ends in less than 40 minutes",
+    ),
+    (
+        {"capacityMode": "odcr", "reservationStartDate": "2027-01-01T00:00:00Z"},
+        "reservationStartDate='2027-01-01T00:00:00+00:00': only applies with capacityMode=capacity-block",
+    ),
     ({"dataBucketName": "Bad_Bucket"}, "dataBucketName='Bad_Bucket': must be an S3 bucket name"),
     ({"alarmEmail": "not-an-email"}, "alarmEmail='not-an-email': must be an email address"),
     ({"vpcCidr": "8.8.0.0/16"}, "vpcCidr='8.8.0.0/16': must be a private IPv4 block from /16 to /20"),
     ({"scratchMountPoint": "scratch"}, "scratchMountPoint='scratch': must be an absolute directory path"),
-    ({"amiParameter": "ami-0123456789abcdef0"}, "amiParameter='ami-0123456789abcdef0': must be an SSM parameter"),
+    (
+        {"amiParameter": "ami-0123456789abcdef0"},
+        "amiParameter='ami-0123456789abcdef0': must be an SSM parameter",
+    ),
     ({"logRetentionDays": "10"}, "logRetentionDays=10: allowed: 1, 3, 5, 7, 14, 30"),
     ({"tags": "team"}, "tags='team': must be a JSON object or k=v,k2=v2"),
     ({"tags": {"aws:reserved": "x"}}, "tags.aws:reserved='x'"),

@@ -11,24 +11,45 @@ from aws_cdk.assertions import Annotations, Match
 from cdk_support import STACK_VARIANTS
 
 VARIANTS = sorted(STACK_VARIANTS)
-OUTPUT_KEYS = {"DataBucketName", "CheckpointBucketName", "FileSystemId", "FileSystemDnsName", "FileSystemMountName",
-               "AutoScalingGroupName", "LaunchTemplateId", "LogGroupName", "JobDocumentName", "OperatorPolicyArn",
-               "AlarmTopicArn", "InstanceType", "NodeCount", "CapacityMode"}
+OUTPUT_KEYS = {
+    "DataBucketName",
+    "CheckpointBucketName",
+    "FileSystemId",
+    "FileSystemDnsName",
+    "FileSystemMountName",
+    "AutoScalingGroupName",
+    "LaunchTemplateId",
+    "LogGroupName",
+    "JobDocumentName",
+    "OperatorPolicyArn",
+    "AlarmTopicArn",
+    "InstanceType",
+    "NodeCount",
+    "CapacityMode",
+}
 USER_DATA_LIMIT_BYTES = 16 * 1024  # EC2 rejects larger user-data
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_cdk_nag_has_no_unsuppressed_findings(synth, variant):
     annotations = Annotations.from_stack(synth(variant).stack)
-    findings = [f"{e.id}: {e.entry.data}" for kind in ("error", "warning")
-                for e in getattr(annotations, f"find_{kind}")("*", Match.string_like_regexp(".*"))]
+    findings = [
+        f"{e.id}: {e.entry.data}"
+        for kind in ("error", "warning")
+        for e in getattr(annotations, f"find_{kind}")("*", Match.string_like_regexp(".*"))
+    ]
     assert findings == []
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_cfn_lint_is_clean(synth, variant):
-    result = subprocess.run(["cfn-lint", "--format", "parseable", str(synth(variant).template_path)],
-                            capture_output=True, text=True, env=None, executable=shutil.which("cfn-lint"))
+    result = subprocess.run(
+        ["cfn-lint", "--format", "parseable", str(synth(variant).template_path)],
+        capture_output=True,
+        text=True,
+        env=None,
+        executable=shutil.which("cfn-lint"),
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -67,8 +88,11 @@ def _user_data_text(stack) -> str:
     """The launch template's user-data with every CloudFormation token replaced by a plausible value."""
     (lt,) = stack.resources("AWS::EC2::LaunchTemplate").values()
     parts = lt["Properties"]["LaunchTemplateData"]["UserData"]["Fn::Base64"]["Fn::Join"][1]
-    fillers = {"Fn::GetAtt": "fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com", "Ref": "resolved-name",
-               "Fn::Sub": "s3://cdk-assets-bucket/bundle.zip"}
+    fillers = {
+        "Fn::GetAtt": "fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com",
+        "Ref": "resolved-name",
+        "Fn::Sub": "s3://cdk-assets-bucket/bundle.zip",
+    }
     return "".join(p if isinstance(p, str) else fillers[next(iter(p))] for p in parts)
 
 
@@ -94,8 +118,10 @@ def test_capacity_block_scales_with_the_block(synth):
     stack = synth("capacity-block-p5en")
     group = stack.only("AWS::AutoScaling::AutoScalingGroup")
     assert (group["MinSize"], group["MaxSize"], group["DesiredCapacity"]) == ("0", "0", "0")
-    actions = sorted(a["Properties"]["StartTime"] + "=" + str(a["Properties"]["DesiredCapacity"])
-                     for a in stack.resources("AWS::AutoScaling::ScheduledAction").values())
+    actions = sorted(
+        a["Properties"]["StartTime"] + "=" + str(a["Properties"]["DesiredCapacity"])
+        for a in stack.resources("AWS::AutoScaling::ScheduledAction").values()
+    )
     # up when the block starts; to zero 40 minutes before it ends, so the trainer checkpoints first
     assert actions == ["2027-01-05T11:30:00Z=2", "2027-01-12T10:50:00Z=0"]
     assert "AWS::EC2::PlacementGroup" not in {r["Type"] for r in stack.template_json["Resources"].values()}
@@ -119,3 +145,17 @@ def test_nodes_launch_after_the_file_system_is_linked(synth):
     (group,) = stack.resources("AWS::AutoScaling::AutoScalingGroup").values()
     associations = set(stack.resources("AWS::FSx::DataRepositoryAssociation"))
     assert associations <= set(group["DependsOn"])
+
+
+def test_user_data_placeholders_must_appear_exactly_once():
+    from stacks.training_cluster_stack import render_user_data
+
+    template = "#!/bin/bash\n# @@REGION@@ @@REGION@@\n@@BUNDLE_S3_URI@@ @@NODE_CONFIG_JSON@@ @@LOG_GROUP@@\n"
+    with pytest.raises(ValueError, match="placeholder @@REGION@@ 2 times, not once"):
+        render_user_data(
+            template,
+            region="us-east-1",
+            bundle_s3_uri="s3://b/k.zip",
+            node_config_json="{}",
+            log_group_name="/g",
+        )

@@ -1,0 +1,137 @@
+"""Parsers for setting values: each takes the key (for the message) and the raw value, typed from cdk.json
+or a string from `-c key=value`, and returns the typed value or raises SettingsError with one line naming the
+key, the value and what is allowed."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from typing import Any
+
+BUCKET = re.compile(r"^(?!xn--)(?!.*\.\.)[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+MOUNT_POINT = re.compile(r"^/[A-Za-z0-9_./-]*[A-Za-z0-9_]$")
+TAG_KEY = re.compile(r"^(?!aws:)[\w .:/=+@-]{1,128}$")
+
+
+class SettingsError(ValueError):
+    """An invalid setting. The message is one line naming the key, the value and what is allowed."""
+
+
+def invalid(key: str, value: Any, allowed: str) -> SettingsError:
+    return SettingsError(f"{key}={value!r}: {allowed}")
+
+
+def string(key: str, value: Any, *, optional: bool = False) -> str | None:
+    if value is None or (isinstance(value, str) and value.strip() == ""):
+        if optional:
+            return None
+        raise invalid(key, value, "a value is required")
+    if not isinstance(value, str):
+        raise invalid(key, value, "must be a string")
+    return value.strip()
+
+
+def integer(key: str, value: Any, *, minimum: int, maximum: int | None = None) -> int:
+    if isinstance(value, bool):
+        raise invalid(key, value, "must be an integer")
+    if isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value):
+        value = int(value)
+    if not isinstance(value, int):
+        raise invalid(key, value, "must be an integer")
+    if value < minimum or (maximum is not None and value > maximum):
+        upper = f" and <= {maximum}" if maximum is not None else ""
+        raise invalid(key, value, f"must be an integer >= {minimum}{upper}")
+    return value
+
+
+def boolean(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "yes", "1", "false", "no", "0"):
+        return value.strip().lower() in ("true", "yes", "1")
+    raise invalid(key, value, "allowed: true, false")
+
+
+def choice(key: str, value: Any, allowed: tuple[Any, ...]) -> Any:
+    for option in allowed:
+        if value == option or (isinstance(value, str) and value.strip() == str(option)):
+            return option
+    raise invalid(key, value, "allowed: " + ", ".join(str(a) for a in allowed))
+
+
+def timestamp(key: str, value: Any) -> dt.datetime | None:
+    text = string(key, value, optional=True)
+    if text is None:
+        return None
+    try:
+        parsed = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise invalid(key, value, "must be an ISO 8601 time, e.g. 2026-12-01T11:30:00Z") from None
+    if parsed.tzinfo is None:
+        raise invalid(key, value, "must carry a time zone, e.g. 2026-12-01T11:30:00Z")
+    return parsed.astimezone(dt.UTC)
+
+
+def mount_point(key: str, value: Any) -> str:
+    text = string(key, value)
+    if not MOUNT_POINT.match(text) or "/../" in text + "/" or text in ("/", "/boot", "/etc", "/usr", "/var"):
+        raise invalid(
+            key, value, "must be an absolute directory path such as /scratch, not a system directory"
+        )
+    return text
+
+
+def bucket(key: str, value: Any) -> str | None:
+    text = string(key, value, optional=True)
+    if text is not None and (not BUCKET.match(text) or re.fullmatch(r"\d+\.\d+\.\d+\.\d+", text)):
+        raise invalid(key, value, "must be an S3 bucket name (3-63 lowercase letters, digits, dots, hyphens)")
+    return text
+
+
+def tags(key: str, value: Any) -> dict[str, str]:
+    if value is None or value == "":
+        return {}
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("{"):
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError:
+                raise invalid(key, value, "must be a JSON object or k=v,k2=v2") from None
+        else:
+            pairs = [p for p in text.split(",") if p.strip()]
+            if not all("=" in p for p in pairs):
+                raise invalid(key, value, "must be a JSON object or k=v,k2=v2")
+            value = dict(p.split("=", 1) for p in pairs)
+    if not isinstance(value, dict):
+        raise invalid(key, value, "must be an object of tag keys to values")
+    tags = {}
+    for tag_key, tag_value in value.items():
+        tag_key = str(tag_key).strip()
+        if (
+            not TAG_KEY.match(tag_key)
+            or not isinstance(tag_value, str | int | float)
+            or len(str(tag_value)) > 256
+        ):
+            raise invalid(
+                f"{key}.{tag_key}",
+                tag_value,
+                "tag keys: 1-128 characters not starting with aws:, values: up to 256 characters",
+            )
+        tags[tag_key] = str(tag_value).strip()
+    return tags
+
+
+def int_or_raw(value: Any) -> Any:
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return value
+
+
+def email(value: Any) -> str | None:
+    text = string("alarmEmail", value, optional=True)
+    if text is not None and not EMAIL.match(text):
+        raise invalid("alarmEmail", value, "must be an email address")
+    return text
