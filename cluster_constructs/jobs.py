@@ -1,7 +1,7 @@
 """JobRunner: the SSM Command document that starts, inspects and cancels training jobs on the nodes, and the
 managed policy an operator needs to drive the cluster with clusterctl.
 
-The document only calls node_bootstrap/jobs.py (docs/architecture.md section 5); every parameter has an
+The document only calls the node_bootstrap.jobs package (docs/architecture.md section 5); every parameter has an
 allowedPattern, so SSM rejects shell metacharacters before the script, which substitutes the values into
 a bash command line, ever runs. The patterns are node_bootstrap.jobs' own validation expressions: one
 definition for the document and the node.

@@ -1,4 +1,4 @@
-"""node_bootstrap/jobs.py for real: a fake root, a stand-in for the DLAMI python (so the real torchrun argv
+"""node_bootstrap/jobs/ for real: a fake root, a stand-in for the DLAMI python (so the real torchrun argv
 reaches a script that records it), the direct launcher (systemd is not PID 1 here) and a fake systemd-run
 on PATH for the systemd path. Each test waits on the job's real status file."""
 
@@ -366,11 +366,13 @@ def test_runs_on_the_nodes_python_39(node_factory):
 
 
 def test_module_is_python_39_and_lint_clean():
-    source = REPO / "node_bootstrap/jobs.py"
+    package = REPO / "node_bootstrap/jobs"
+    sources = sorted(str(path) for path in package.glob("*.py"))
+    assert sources
     if PY39.exists():
-        subprocess.run([str(PY39), "-m", "py_compile", str(source)], check=True)
+        subprocess.run([str(PY39), "-m", "py_compile", *sources], check=True)
     ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or "ruff"
-    result = subprocess.run([ruff, "check", "--config", str(REPO / "node_bootstrap/ruff.toml"), str(source)],
+    result = subprocess.run([ruff, "check", "--config", str(REPO / "node_bootstrap/ruff.toml"), str(package)],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
 

@@ -1,0 +1,121 @@
+"""Training jobs on one node: start torchrun detached, report its status, cancel it.
+
+The stack's SSM document (cluster_constructs/jobs.py) runs this package on every node of a job with one
+ssm:SendCommand (docs/architecture.md section 5):
+
+    python3 -m node_bootstrap.jobs start  --job-id J --config training/configs/X.toml --nodes N \
+        --gpus-per-node G --rendezvous-host IP --max-restarts R [--overrides "k=v k=v"]
+    python3 -m node_bootstrap.jobs status --job-id J
+    python3 -m node_bootstrap.jobs cancel --job-id J [--timeout-seconds 120]
+
+Why detached: SSM Run Command stops a command after at most 48 hours and truncates its output, and a
+restart of the SSM agent kills the processes in its cgroup. So `start` only launches a supervisor
+(`python3 -m node_bootstrap.jobs supervise`) in its own systemd unit `training-job-<id>` and returns. The
+supervisor sources the training env file, runs torchrun, tees its output to the job log (which the
+CloudWatch agent ships to the stream `jobs/<id>/{instance_id}`), records status.json, and forwards SIGTERM
+to torchrun so the trainer checkpoints before it exits.
+
+Launchers: `systemd` (systemd-run; the default wherever systemd is PID 1) and `direct` (double fork and
+setsid; for containers and tests, where systemd is not running). Both run the same supervisor.
+
+Modules, in dependency order: errors (exit codes, JobError), settings (node config), spec (JobSpec, JobFiles,
+the torchrun argv), logs (the job log to CloudWatch), launch (`start`), supervise (`supervise`), control
+(`status`, `cancel`), cli (the argument parser and main; __main__ runs it). This package re-exports their
+public names, so `from node_bootstrap import jobs; jobs.JOB_ID_RE` keeps working.
+
+Runs on the node's system Python (>= 3.9), standard library only.
+"""
+
+from node_bootstrap.jobs.cli import build_parser, main
+from node_bootstrap.jobs.control import (
+    LOG_TAIL_BYTES,
+    cancel_job,
+    descendants,
+    job_status,
+    last_step,
+    process_alive,
+    wait_for_end,
+)
+from node_bootstrap.jobs.errors import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, JobError
+from node_bootstrap.jobs.launch import (
+    START_WAIT_SECONDS,
+    launch_direct,
+    launch_systemd,
+    package_parent,
+    start_job,
+    supervisor_argv,
+    systemd_available,
+)
+from node_bootstrap.jobs.logs import (
+    CLOUDWATCH_AGENT_CTL,
+    CLOUDWATCH_JOBS_CONFIG_DIR,
+    build_cloudwatch_config,
+    maybe_ship_job_log,
+)
+from node_bootstrap.jobs.settings import DEFAULT_NODE_CONFIG, JobSettings, load_settings, under_root
+from node_bootstrap.jobs.spec import (
+    CONFIG_RE,
+    HOST_RE,
+    JOB_ID_RE,
+    OVERRIDE_RE,
+    STATES,
+    STOP_GRACE_SECONDS,
+    UNIT_PREFIX,
+    JobFiles,
+    JobSpec,
+    build_torchrun_argv,
+    read_json,
+    utc_now,
+    validate_job_id,
+    write_json_atomic,
+)
+from node_bootstrap.jobs.supervise import Supervisor, build_job_command, exit_code_of
+
+__all__ = [
+    "CLOUDWATCH_AGENT_CTL",
+    "CLOUDWATCH_JOBS_CONFIG_DIR",
+    "CONFIG_RE",
+    "DEFAULT_NODE_CONFIG",
+    "EXIT_FAILED",
+    "EXIT_NOT_FOUND",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "HOST_RE",
+    "JOB_ID_RE",
+    "LOG_TAIL_BYTES",
+    "OVERRIDE_RE",
+    "START_WAIT_SECONDS",
+    "STATES",
+    "STOP_GRACE_SECONDS",
+    "UNIT_PREFIX",
+    "JobError",
+    "JobFiles",
+    "JobSettings",
+    "JobSpec",
+    "Supervisor",
+    "build_cloudwatch_config",
+    "build_job_command",
+    "build_parser",
+    "build_torchrun_argv",
+    "cancel_job",
+    "descendants",
+    "exit_code_of",
+    "job_status",
+    "last_step",
+    "launch_direct",
+    "launch_systemd",
+    "load_settings",
+    "main",
+    "maybe_ship_job_log",
+    "package_parent",
+    "process_alive",
+    "read_json",
+    "start_job",
+    "supervisor_argv",
+    "systemd_available",
+    "under_root",
+    "utc_now",
+    "validate_job_id",
+    "wait_for_end",
+    "write_json_atomic",
+]

@@ -1,0 +1,81 @@
+"""The command line: `python3 -m node_bootstrap.jobs [--root R] [--node-config C] COMMAND ...`, COMMAND one
+of start, status, cancel, supervise. start, status and cancel print one JSON object on stdout; the exit
+codes are in errors.py."""
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Optional
+
+from node_bootstrap.jobs.control import cancel_job, job_status
+from node_bootstrap.jobs.errors import EXIT_OK, JobError
+from node_bootstrap.jobs.launch import start_job
+from node_bootstrap.jobs.settings import DEFAULT_NODE_CONFIG, load_settings
+from node_bootstrap.jobs.spec import STOP_GRACE_SECONDS, JobSpec
+from node_bootstrap.jobs.supervise import Supervisor
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python3 -m node_bootstrap.jobs",
+        description="Start, inspect and cancel a training job on this node (run by the stack's SSM "
+        "document).",
+        epilog="Exit codes: 0 ok, 1 the job failed to start or the operation failed, 2 invalid arguments or "
+        "node config, 3 no such job on this node. Every command prints one JSON object on stdout.",
+    )
+    parser.add_argument("--root", default="/", help="prefix for every absolute path (tests; default /)")
+    parser.add_argument("--node-config", default=DEFAULT_NODE_CONFIG,
+                        help="node config JSON (default %(default)s)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    start = sub.add_parser("start", help="launch torchrun detached and return once it runs")
+    start.add_argument("--job-id", required=True)
+    start.add_argument("--config", required=True,
+                       help="training TOML, relative to the bundle dir or absolute")
+    start.add_argument("--nodes", type=int, required=True, help="torchrun --nnodes")
+    start.add_argument("--gpus-per-node", type=int, required=True, help="torchrun --nproc-per-node")
+    start.add_argument("--rendezvous-host", required=True,
+                       help="private IP of the node hosting the c10d store")
+    start.add_argument("--max-restarts", type=int, default=3, help="torchrun --max-restarts (default 3)")
+    start.add_argument("--overrides", default="", help='space-separated training overrides: "k=v k2=v2"')
+    start.add_argument(
+        "--launcher", choices=("auto", "systemd", "direct"), default="auto",
+        help="systemd: systemd-run unit training-job-<id>; direct: double fork + setsid, for hosts where "
+        "systemd is not PID 1 (containers, tests); auto (default): systemd when it runs, else direct",
+    )
+
+    status = sub.add_parser("status", help="print the job's state, exit code and last step and loss")
+    status.add_argument("--job-id", required=True)
+
+    cancel = sub.add_parser("cancel", help="SIGTERM (the trainer checkpoints), wait, then kill")
+    cancel.add_argument("--job-id", required=True)
+    cancel.add_argument("--timeout-seconds", type=float, default=float(STOP_GRACE_SECONDS),
+                        help="how long to wait after SIGTERM before SIGKILL (default %(default).0f)")
+
+    supervise = sub.add_parser("supervise", help="internal: the process `start` launches")
+    supervise.add_argument("--job-id", required=True)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = load_settings(args.root, args.node_config)
+        if args.command == "supervise":
+            return Supervisor(settings, args.job_id).run()
+        if args.command == "start":
+            spec = JobSpec(job_id=args.job_id, config=args.config, nodes=args.nodes,
+                           gpus_per_node=args.gpus_per_node, rendezvous_host=args.rendezvous_host,
+                           max_restarts=args.max_restarts, overrides=tuple(args.overrides.split()))
+            result = start_job(settings, spec, args.node_config, args.launcher)
+        elif args.command == "status":
+            result = job_status(settings, args.job_id)
+        else:
+            result = cancel_job(settings, args.job_id, args.timeout_seconds)
+    except JobError as e:
+        print(json.dumps({"jobId": getattr(args, "job_id", None), "error": str(e)}, sort_keys=True))
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    print(json.dumps(result, sort_keys=True))
+    return EXIT_OK

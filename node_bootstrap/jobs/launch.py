@@ -1,0 +1,135 @@
+"""`start`: write the job's spec file, then launch its supervisor detached and wait until it runs.
+
+Launchers: `systemd` (systemd-run; the default wherever systemd is PID 1) and `direct` (double fork and
+setsid; for containers and tests, where systemd is not running). Both run the same supervisor.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+from node_bootstrap.jobs.errors import JobError
+from node_bootstrap.jobs.logs import maybe_ship_job_log
+from node_bootstrap.jobs.settings import JobSettings, under_root
+from node_bootstrap.jobs.spec import (
+    STOP_GRACE_SECONDS,
+    UNIT_PREFIX,
+    JobFiles,
+    JobSpec,
+    build_torchrun_argv,
+    read_json,
+    utc_now,
+    write_json_atomic,
+)
+
+START_WAIT_SECONDS = 30.0  # how long `start` waits for the supervisor to record the running state
+
+
+def systemd_available(root: str) -> bool:
+    """sd_booted(3): systemd is PID 1 when /run/systemd/system exists."""
+    return os.path.isdir(under_root(root, "/run/systemd/system")) and shutil.which("systemd-run") is not None
+
+
+def supervisor_argv(settings: JobSettings, node_config: str, job_id: str) -> list[str]:
+    return [sys.executable, "-m", "node_bootstrap.jobs", "--root", settings.root,
+            "--node-config", node_config, "supervise", "--job-id", job_id]
+
+
+def package_parent() -> str:
+    """The directory that holds node_bootstrap/, so the supervisor imports this same code (this file is
+    node_bootstrap/jobs/launch.py: three levels up)."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def launch_systemd(files: JobFiles, argv: list[str]) -> None:
+    # KillMode=mixed: `systemctl stop` and shutdown (capacity-block end, node drain) send SIGTERM to the
+    # supervisor only, which forwards it to torchrun; SIGKILL reaches the rest after TimeoutStopSec.
+    command = [
+        "systemd-run", "--unit=" + files.unit, "--collect", "--no-block",
+        "--description=training job " + files.unit[len(UNIT_PREFIX):],
+        "--property=KillMode=mixed", f"--property=TimeoutStopSec={STOP_GRACE_SECONDS}",
+        "--setenv=PYTHONPATH=" + package_parent(), "--",
+    ] + argv
+    result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            timeout=60)
+    if result.returncode != 0:
+        raise JobError(f"systemd-run exited {result.returncode}: {result.stdout.strip()}")
+
+
+def launch_direct(files: JobFiles, argv: list[str]) -> None:
+    """Double fork and setsid: the supervisor belongs to no terminal and no parent that waits for it."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent(), env.get("PYTHONPATH", "")) if p)
+    pid = os.fork()
+    if pid == 0:  # first child
+        code = 0
+        try:
+            os.setsid()
+            if os.fork() == 0:  # grandchild: becomes the supervisor
+                code = 127
+                null_fd = os.open(os.devnull, os.O_RDONLY)
+                log_fd = os.open(files.supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                os.dup2(null_fd, 0)
+                os.dup2(log_fd, 1)
+                os.dup2(log_fd, 2)
+                os.chdir("/")
+                os.execve(argv[0], argv, env)
+        except BaseException as e:  # noqa: B036 - nothing may escape a forked child
+            os.write(2, (f"cannot start the supervisor: {e}\n").encode())
+        finally:
+            os._exit(code)
+    os.waitpid(pid, 0)
+
+
+def start_job(settings: JobSettings, spec: JobSpec, node_config: str, launcher: str = "auto",
+              wait_seconds: float = START_WAIT_SECONDS) -> dict[str, object]:
+    spec.validate()
+    files = JobFiles.of(settings, spec.job_id)
+    if os.path.exists(files.job_dir):
+        raise JobError(f"job {spec.job_id} already exists on this node ({files.job_dir})")
+    if launcher == "auto":
+        launcher = "systemd" if systemd_available(settings.root) else "direct"
+
+    os.makedirs(files.job_dir)
+    os.makedirs(settings.job_log_dir, exist_ok=True)
+    write_json_atomic(files.spec_path, {
+        "jobId": spec.job_id,
+        "argv": build_torchrun_argv(settings, spec),
+        "cwd": settings.bundle_dir,
+        "envFile": settings.env_file,
+        "logPath": files.log_path,
+        "unit": files.unit,
+        "launcher": launcher,
+        "createdAt": utc_now(),
+    })
+    cloudwatch = maybe_ship_job_log(settings, spec.job_id, files.log_path)
+    argv = supervisor_argv(settings, node_config, spec.job_id)
+    try:
+        if launcher == "systemd":
+            launch_systemd(files, argv)
+        else:
+            launch_direct(files, argv)
+    except (JobError, OSError, subprocess.TimeoutExpired) as e:
+        write_json_atomic(files.status_path, {"jobId": spec.job_id, "state": "failed", "exitCode": None,
+                                              "startedAt": utc_now(), "endedAt": utc_now(), "pid": None,
+                                              "launcher": launcher, "error": f"launch failed: {e}"})
+        raise JobError(f"job {spec.job_id}: launch failed: {e}") from None
+
+    deadline = time.monotonic() + wait_seconds
+    status = read_json(files.status_path)
+    # Wait until the child runs (pid recorded) or the job has already ended.
+    while (status is None or status.get("state") == "running" and status.get("pid") is None) and (
+            time.monotonic() < deadline):
+        time.sleep(0.1)
+        status = read_json(files.status_path)
+    if status is None:
+        raise JobError("the supervisor did not record the job within {:.0f} s; see {}".format(
+            wait_seconds, "journalctl -u " + files.unit if launcher == "systemd" else files.supervisor_log))
+    result = dict(status)
+    result["cloudwatch"] = cloudwatch
+    result["logPath"] = files.log_path
+    if status.get("state") == "failed":
+        raise JobError("job {} failed to start: {}".format(spec.job_id, status.get("error") or result))
+    return result

@@ -1,0 +1,133 @@
+"""What one `start` asks for (JobSpec, validated), where a job's files live on the node (JobFiles), how
+they are written and read, and the torchrun command line the spec becomes."""
+
+import datetime
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Optional
+
+from node_bootstrap.jobs.errors import EXIT_USAGE, JobError
+from node_bootstrap.jobs.settings import JobSettings
+
+UNIT_PREFIX = "training-job-"
+STATES = ("running", "succeeded", "failed", "cancelled")
+STOP_GRACE_SECONDS = 120  # systemd TimeoutStopSec: SIGTERM to the supervisor, then SIGKILL to the unit
+
+# The SSM document's allowedPatterns (cluster_constructs/jobs.py) are the same expressions: SSM rejects a
+# bad value before anything runs, and this module rejects it again for direct callers.
+JOB_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{2,62}$")
+CONFIG_RE = re.compile(r"^[A-Za-z0-9_./-]+\.toml$")
+HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]{0,252}$")
+OVERRIDE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.]*=[A-Za-z0-9_.:/+,@%-]*$")
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What one `start` asks for; the same on every node of the job."""
+
+    job_id: str
+    config: str  # training TOML, relative to the bundle dir (training/configs/X.toml) or absolute
+    nodes: int
+    gpus_per_node: int
+    rendezvous_host: str  # private IP of the node that hosts the c10d store
+    max_restarts: int  # torchrun --max-restarts: whole-job restarts after a worker failure
+    overrides: tuple[str, ...] = field(default_factory=tuple)  # training --set key=value items
+
+    def validate(self) -> None:
+        validate_job_id(self.job_id)
+        checks = [
+            ("config", self.config, bool(CONFIG_RE.match(self.config)) and ".." not in self.config.split("/"),
+             "a .toml path of letters, digits, _ . / - without '..'"),
+            ("nodes", self.nodes, 1 <= self.nodes <= 4096, "1-4096"),
+            ("gpus-per-node", self.gpus_per_node, 1 <= self.gpus_per_node <= 64, "1-64"),
+            ("rendezvous-host", self.rendezvous_host, bool(HOST_RE.match(self.rendezvous_host)),
+             "an IP address or host name"),
+            ("max-restarts", self.max_restarts, 0 <= self.max_restarts <= 100, "0-100"),
+        ]
+        for name, value, ok, allowed in checks:
+            if not ok:
+                raise JobError(f"{name}={value!r}: allowed: {allowed}", EXIT_USAGE)
+        for item in self.overrides:
+            if not OVERRIDE_RE.match(item):
+                raise JobError(
+                    f"overrides item {item!r}: allowed: key=value with a dotted key and a value of letters, "
+                    "digits and _ . : / + , @ % -",
+                    EXIT_USAGE,
+                )
+
+
+def validate_job_id(job_id: str) -> None:
+    if not JOB_ID_RE.match(job_id):
+        raise JobError(f"job-id={job_id!r}: allowed: 3-63 of a-z 0-9 -, starting with a letter or digit",
+                       EXIT_USAGE)
+
+
+@dataclass(frozen=True)
+class JobFiles:
+    """Where one job's files live on the node (docs/architecture.md section 5)."""
+
+    job_dir: str
+    status_path: str  # state, exit code, times, pids: written atomically by the supervisor
+    spec_path: str  # job.json: the argv and paths the supervisor runs, written by `start`
+    supervisor_log: str  # the supervisor's own stderr (direct launcher); systemd keeps it in the journal
+    log_path: str  # torchrun's output, shipped to CloudWatch
+    unit: str  # systemd unit name
+
+    @classmethod
+    def of(cls, settings: JobSettings, job_id: str) -> "JobFiles":
+        job_dir = os.path.join(settings.jobs_dir, job_id)
+        return cls(
+            job_dir=job_dir,
+            status_path=os.path.join(job_dir, "status.json"),
+            spec_path=os.path.join(job_dir, "job.json"),
+            supervisor_log=os.path.join(job_dir, "supervisor.log"),
+            log_path=os.path.join(settings.job_log_dir, job_id + ".log"),
+            unit=UNIT_PREFIX + job_id,
+        )
+
+
+def write_json_atomic(path: str, data: dict[str, object]) -> None:
+    """Readers (status, cancel, clusterctl through SSM) never see a half-written file."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: str) -> Optional[dict[str, object]]:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def build_torchrun_argv(settings: JobSettings, spec: JobSpec) -> list[str]:
+    """The command every node runs. c10d rendezvous on the first node: the same argv on every node, node
+    ranks assigned by the rendezvous (torchrun docs, "Usage: multi-node multi-worker")."""
+    argv = [
+        settings.python, "-m", "torch.distributed.run",
+        "--nnodes", str(spec.nodes),
+        "--nproc-per-node", str(spec.gpus_per_node),
+        "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"{spec.rendezvous_host}:{settings.rendezvous_port}",
+        "--rdzv-id", spec.job_id,
+        "--max-restarts", str(spec.max_restarts),
+        "-m", "training",
+        "--config", spec.config,
+        "--resume", "auto",
+        "--set", f"checkpoint.dir={settings.checkpoint_root.rstrip('/')}/{spec.job_id}",
+    ]
+    for item in spec.overrides:
+        argv += ["--set", item]
+    return argv
