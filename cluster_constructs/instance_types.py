@@ -11,8 +11,11 @@ Sources (checked 2026-11):
   (EFA layout: one EFA-only interface per network card; p5/p5e 32, p5en 16, p4d/p4de 4, p6-b200 8).
 - Peak dense (no sparsity) tensor throughput per GPU: NVIDIA datasheets. A100 SXM: 312 BF16, no FP8.
   H100 SXM and H200 SXM: 989 BF16, 1979 FP8. B200 (HGX B200): 2250 BF16, 4500 FP8.
-- On-demand price: Linux, us-east-1, USD per instance-hour, after the June 2025 P4/P5 price reduction. Prices
-  differ by region and change; clusterctl labels its cost figures as estimates from this table.
+- On-demand price: Linux, us-east-1, USD per instance-hour, after the June 2025 P4/P5 price reduction. Only
+  p5en.48xlarge's figure was checked against a public listing (63.296, August 2026); the others are the
+  post-reduction list prices as published in June 2025 and were not re-checked against the AWS Price List API
+  (`aws pricing get-products`). Prices differ by region and change; clusterctl labels its cost figures as
+  estimates from this table.
 """
 
 from __future__ import annotations

@@ -163,7 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
     submit.set_defaults(handler=commands.submit)
 
     status = add(
-        "status", "Per node: running, succeeded, failed (exit code) or cancelled; last step and loss."
+        "status",
+        "Per node: running, succeeded, failed (exit code) or cancelled; last step and loss; the network "
+        "NCCL chose (Libfabric/efa is EFA, Socket is TCP).",
+        epilog="Exits 1, with a warning on stderr naming the nodes, when a job of more than one node has "
+        "NCCL on TCP (Socket, or a libfabric provider other than efa) instead of EFA on any node.",
     )
     status.add_argument("job_id", metavar="JOB")
     status.set_defaults(handler=commands.status)

@@ -278,12 +278,24 @@ def _print_states(args: argparse.Namespace, runtime: Runtime, states: list[jobs.
         _print(runtime, to_json({"jobId": args.job_id, "state": overall, "nodes": states}))
         return
     rows = [
-        (s.instance_id, s.state, s.exit_code, s.last_step, s.last_loss, s.started_at, s.ended_at, s.detail)
+        (
+            s.instance_id,
+            s.state,
+            s.exit_code,
+            s.last_step,
+            s.last_loss,
+            s.network,
+            s.started_at,
+            s.ended_at,
+            s.detail,
+        )
         for s in states
     ]
     _print(
         runtime,
-        format_table(("INSTANCE", "STATE", "EXIT", "STEP", "LOSS", "STARTED", "ENDED", "DETAIL"), rows),
+        format_table(
+            ("INSTANCE", "STATE", "EXIT", "STEP", "LOSS", "NETWORK", "STARTED", "ENDED", "DETAIL"), rows
+        ),
     )
     _print(runtime, f"job {args.job_id}: {overall} ({len(states)} nodes)")
 
@@ -301,6 +313,18 @@ def status(args: argparse.Namespace, runtime: Runtime) -> int:
         clock=runtime.clock,
     )
     _print_states(args, runtime, states)
+    on_tcp = jobs.nodes_on_tcp(states)
+    if on_tcp:
+        running = jobs.overall_state(states) == "running"
+        print(
+            f"clusterctl: warning: NCCL is using TCP sockets, not EFA, on {', '.join(on_tcp)}: this job "
+            f"{'runs' if running else 'ran'} at a fraction of the bandwidth; check `sudo "
+            "PYTHONPATH=/opt/cluster/bundle python3 -m node_bootstrap check` on those nodes"
+            + (f" and cancel the job (clusterctl cancel {args.job_id})" if running else ""),
+            file=runtime.err,
+            flush=True,
+        )
+        return EXIT_FAILED
     return EXIT_OK
 
 

@@ -290,6 +290,8 @@ class NodeJobState:
     started_at: str | None
     ended_at: str | None
     detail: str | None  # an error, or what cancel did
+    nccl_network: str | None = None  # NCCL's network on the node: Libfabric (EFA), Socket (TCP), IB; None: not yet
+    nccl_provider: str | None = None  # aws-ofi-nccl's libfabric provider (efa) when the network is Libfabric
 
     @classmethod
     def from_invocation(cls, invocation: Invocation) -> NodeJobState:
@@ -305,10 +307,28 @@ class NodeJobState:
                 payload.get("startedAt"),
                 payload.get("endedAt"),
                 payload.get("cancel") or payload.get("error"),
+                nccl_network=payload.get("ncclNetwork"),
+                nccl_provider=payload.get("ncclProvider"),
             )
         if invocation.response_code == node_jobs.EXIT_NOT_FOUND:
             return cls(invocation.instance_id, "not-found", None, None, None, None, None, invocation.error)
         return cls(invocation.instance_id, "unknown", None, None, None, None, None, invocation.error)
+
+    @property
+    def network(self) -> str | None:
+        """For people: "Libfabric/efa", "Socket", or None before NCCL chose."""
+        if self.nccl_network and self.nccl_provider:
+            return f"{self.nccl_network}/{self.nccl_provider}"
+        return self.nccl_network
+
+    @property
+    def nccl_over_tcp(self) -> bool:
+        """NCCL fell back from EFA to TCP on this node: its Socket transport, or aws-ofi-nccl on a libfabric
+        provider other than EFA (tcp, sockets)."""
+        if self.nccl_network == "Socket":
+            return True
+        provider = self.nccl_provider or ""
+        return self.nccl_network == "Libfabric" and provider != "" and not provider.startswith("efa")
 
 
 def overall_state(states: Sequence[NodeJobState]) -> str:
@@ -320,6 +340,16 @@ def overall_state(states: Sequence[NodeJobState]) -> str:
     if names == {"succeeded"}:
         return "succeeded"
     return "unknown"
+
+
+def nodes_on_tcp(states: Sequence[NodeJobState]) -> list[str]:
+    """The nodes where NCCL runs over TCP instead of EFA, when that matters: in a job of more than one node
+    (on one node NCCL uses NVLink and the network is idle). DESIGN: a run whose logs show the Socket
+    transport instead of Libfabric is broken."""
+    job_nodes = [s for s in states if s.state != "not-found"]
+    if len(job_nodes) < 2:
+        return []
+    return [s.instance_id for s in job_nodes if s.nccl_over_tcp]
 
 
 def validate_job_id(job_id: str) -> None:

@@ -12,6 +12,15 @@ Environment, with sources:
   is also the default. Every instance type in the catalog (p4d, p4de, p5, p5e, p5en, p6-b200) supports RDMA.
 - NCCL_SOCKET_IFNAME=^lo,docker,veth: NCCL's bootstrap sockets never pick loopback or container bridges
   (NCCL docs, Environment Variables: a leading ^ excludes interfaces by prefix).
+- NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT: every job log names the network NCCL chose ("NCCL INFO Using
+  network Libfabric", or "... Socket" when it fell back to TCP), which `node_bootstrap.jobs status` reads and
+  clusterctl status warns about. NCCL docs, Environment Variables
+  (docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html): NCCL_DEBUG=INFO "prints debug information";
+  NCCL_DEBUG_SUBSYS "allows the user to filter the NCCL_DEBUG=INFO output based on subsystems"
+  (default INIT,BOOTSTRAP,ENV). INIT is the narrowest filter that keeps both lines this relies on: NCCL logs
+  "Using network %s" under INIT (src/init.cc) and aws-ofi-nccl its "Selected provider is efa" under INIT|NET,
+  and a line prints when any of its subsystems is selected (src/debug.cc). NET would add what only the
+  network transports log, and INIT lines come only when a communicator is created, so the log stays small.
 - Deliberately not set: NCCL_PROTO (aws-ofi-nccl >= 1.6 needs no override; the cheatsheet limits
   NCCL_PROTO=simple to aws-ofi-nccl <= 1.5), NCCL_BUFFSIZE and NCCL_MIN_NCHANNELS (the cheatsheet recommends
   the defaults), RDMAV_FORK_SAFE (the cheatsheet: "Do not use").
@@ -37,6 +46,8 @@ def build_training_env(config: NodeConfig) -> dict[str, str]:
         "FI_PROVIDER": "efa",
         "FI_EFA_USE_DEVICE_RDMA": "1",
         "NCCL_SOCKET_IFNAME": "^lo,docker,veth",
+        "NCCL_DEBUG": "INFO",  # the "Using network ..." line job status reads (see the module docstring)
+        "NCCL_DEBUG_SUBSYS": "INIT",
         "PYTHONPATH": config.training.bundle_dir,
         "CLUSTER_INSTANCE_TYPE": config.instance_type,  # training reads it for its MFU peak
         "CLUSTER_STACK_NAME": config.stack_name,

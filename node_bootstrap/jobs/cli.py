@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
         "systemd is not PID 1 (containers, tests); auto (default): systemd when it runs, else direct",
     )
 
-    status = sub.add_parser("status", help="print the job's state, exit code and last step and loss")
+    status = sub.add_parser("status", help="print the job's state, exit code, last step and loss, "
+                                "and the network NCCL chose on this node")
     status.add_argument("--job-id", required=True)
 
     cancel = sub.add_parser("cancel", help="SIGTERM (the trainer checkpoints), wait, then kill")

@@ -1,12 +1,14 @@
-"""`status` and `cancel`: read a job's recorded state (and the last step from its log), and stop it."""
+"""`status` and `cancel`: read a job's recorded state (and, from its log, the last step and the network NCCL
+chose), and stop it."""
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import time
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from node_bootstrap.jobs.errors import EXIT_NOT_FOUND, JobError
 from node_bootstrap.jobs.settings import JobSettings
@@ -19,21 +21,59 @@ from node_bootstrap.jobs.spec import (
     write_json_atomic,
 )
 
-LOG_TAIL_BYTES = 512 * 1024  # how much of the job log `status` scans for the last step line
+LOG_TAIL_BYTES = 512 * 1024  # how much of the job log's end `status` scans (last step, NCCL's network)
+LOG_HEAD_BYTES = 4 * 1024 * 1024  # and of its start: NCCL logs its network when the first communicator is made
+
+# NCCL prints, at NCCL_DEBUG=INFO with the INIT subsystem, one line per communicator naming the network it
+# chose: INFO(NCCL_INIT, "Using network %s", comm->ncclNet->name) in NVIDIA/nccl src/init.cc. src/debug.cc
+# prefixes it with "<hostname>:<pid>:<tid> [<cudaDev>] NCCL INFO " (and a timestamp, or torchrun a "[rank0]:",
+# where configured), so the pattern is not anchored at the line start. It must end in a newline: a line still
+# being written is not read as a shorter name.
+_NCCL_NETWORK_RE = re.compile(r"NCCL INFO Using network ([^\r\n]+?)[ \t]*\r?\n")
+# aws-ofi-nccl, when its plugin initialises: NCCL_OFI_INFO(NCCL_INIT | NCCL_NET, "Selected provider is %s,
+# fabric is %s (found %d nics)") (src/nccl_ofi_net.cpp; "Selected Provider is %s (found %d nics)" in older
+# releases), prefixed with "NET/OFI " by its logging macro (include/nccl_ofi_log.h).
+_OFI_PROVIDER_RE = re.compile(r"NCCL INFO NET/OFI Selected [Pp]rovider is ([^\s,]+)")
+# aws-ofi-nccl's plugin is "Libfabric"; releases <= 1.11.0 named it "AWS Libfabric", and it answers to "OFI"
+# when NCCL_NET=OFI (src/nccl_ofi_interface_nvidia.cpp).
+NCCL_NETWORK_ALIASES = {"AWS Libfabric": "Libfabric", "OFI": "Libfabric"}
 
 
-def last_step(log_path: str) -> Optional[dict[str, object]]:
-    """The last trainer progress line, {"event": "step", "step": ..., "loss": ...}, in the log's tail.
-    torchrun may prefix lines (e.g. "[rank0]:"), so the JSON starts at the first "{"."""
+class LogEnds(NamedTuple):
+    """The start and the end of a job log as text; `head` is empty when the whole log fits in `tail`."""
+
+    head: str
+    tail: str
+
+
+class NcclNetwork(NamedTuple):
+    network: Optional[str]  # NCCL's network: "Libfabric" (EFA through aws-ofi-nccl), "Socket" (TCP), "IB"
+    provider: Optional[str]  # aws-ofi-nccl's libfabric provider ("efa"), only when network is Libfabric
+
+
+def read_log_ends(log_path: str, head_bytes: int = LOG_HEAD_BYTES,
+                  tail_bytes: int = LOG_TAIL_BYTES) -> Optional[LogEnds]:
+    """At most head_bytes + tail_bytes of the log, whatever its size; None when it cannot be read."""
     try:
         with open(log_path, "rb") as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
-            f.seek(max(0, size - LOG_TAIL_BYTES))
-            tail = f.read().decode("utf-8", "replace")
+            if size <= head_bytes + tail_bytes:
+                f.seek(0)
+                return LogEnds("", f.read().decode("utf-8", "replace"))
+            f.seek(0)
+            head = f.read(head_bytes)
+            f.seek(size - tail_bytes)
+            tail = f.read()
     except OSError:
         return None
-    for line in reversed(tail.splitlines()):
+    return LogEnds(head.decode("utf-8", "replace"), tail.decode("utf-8", "replace"))
+
+
+def find_last_step(text: str) -> Optional[dict[str, object]]:
+    """The last trainer progress line, {"event": "step", "step": ..., "loss": ...}, in `text`.
+    torchrun may prefix lines (e.g. "[rank0]:"), so the JSON starts at the first "{"."""
+    for line in reversed(text.splitlines()):
         start = line.find("{")
         if start < 0 or '"step"' not in line:
             continue
@@ -44,6 +84,32 @@ def last_step(log_path: str) -> Optional[dict[str, object]]:
         if isinstance(event, dict) and event.get("event") == "step":
             return event
     return None
+
+
+def last_step(log_path: str) -> Optional[dict[str, object]]:
+    """The last trainer progress line in the log's tail."""
+    ends = read_log_ends(log_path, head_bytes=0)
+    return find_last_step(ends.tail) if ends else None
+
+
+def _newest(pattern: "re.Pattern[str]", ends: LogEnds) -> Optional[str]:
+    for text in (ends.tail, ends.head):  # the tail is newer: after a torchrun restart NCCL logs again
+        matches = pattern.findall(text)
+        if matches:
+            return str(matches[-1])
+    return None
+
+
+def find_nccl_network(ends: LogEnds) -> NcclNetwork:
+    """The network NCCL chose on this node, from the newest "Using network" line in the log's tail, else in
+    its head; NcclNetwork(None, None) before NCCL has made a communicator (or with NCCL_DEBUG below INFO).
+    A restart in the middle of a log larger than head + tail is not seen until it reaches the tail."""
+    name = _newest(_NCCL_NETWORK_RE, ends)
+    if name is None:
+        return NcclNetwork(None, None)
+    network = NCCL_NETWORK_ALIASES.get(name, name)
+    provider = _newest(_OFI_PROVIDER_RE, ends) if network == "Libfabric" else None
+    return NcclNetwork(network, provider)
 
 
 def process_alive(pid: object, job_id: str) -> bool:
@@ -70,9 +136,13 @@ def job_status(settings: JobSettings, job_id: str) -> dict[str, object]:
         result["state"] = "failed"
         pid = result.get("supervisorPid")
         result["error"] = f"the supervisor (pid {pid}) is gone without recording an end state"
-    step = last_step(files.log_path)
+    ends = read_log_ends(files.log_path)
+    step = find_last_step(ends.tail) if ends else None
     result["lastStep"] = step.get("step") if step else None
     result["lastLoss"] = step.get("loss") if step else None
+    nccl = find_nccl_network(ends) if ends else NcclNetwork(None, None)
+    result["ncclNetwork"] = nccl.network  # None: no "Using network" line yet
+    result["ncclProvider"] = nccl.provider
     result["logPath"] = files.log_path
     return result
 

@@ -13,15 +13,24 @@ import pytest
 from botocore.stub import ANY, Stubber
 
 from clusterctl.aws import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from clusterctl.jobs import NodeJobState, nodes_on_tcp
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = "j-20261120-231502-ab12"
 COMMAND_ID = "11111111-2222-3333-4444-555555555555"
 START_ID = "99999999-2222-3333-4444-555555555555"
 
+# NCCL's lines as it prints them at NCCL_DEBUG=INFO (format strings from NVIDIA/nccl src/debug.cc and
+# src/init.cc, and aws/aws-ofi-nccl src/nccl_ofi_net.cpp; see tests/node_bootstrap/test_jobs.py).
 STAND_IN = """\
 #!{python}
 import json, os, signal, sys, time
+network = os.environ.get("FAKE_NCCL_NETWORK")
+prefix = "ip-10-42-1-4:%d:%d [0] NCCL INFO " % (os.getpid(), os.getpid() + 116)
+if network == "Libfabric":
+    print(prefix + "NET/OFI Selected provider is efa, fabric is efa-direct (found 32 nics)", flush=True)
+if network:
+    print(prefix + "Using network " + network, flush=True)
 for step in (10, 20):
     print(json.dumps({{"event": "step", "step": step, "loss": 3.0 - step / 10}}), flush=True)
 if os.environ["FAKE_MODE"] == "exit":
@@ -35,7 +44,7 @@ while True:
 class FakeNode:
     """A node root with the node config and a stand-in for torchrun's python, driven through the real CLI."""
 
-    def __init__(self, root: Path, mode: str, exit_code: int = 0):
+    def __init__(self, root: Path, mode: str, exit_code: int = 0, nccl_network: str = ""):
         self.root = root
         (root / "etc/cluster").mkdir(parents=True)
         (root / "etc/cluster/node-config.json").write_text(
@@ -54,7 +63,9 @@ class FakeNode:
                 }
             )
         )
-        (root / "etc/cluster/training.env").write_text(f"FAKE_MODE={mode}\nFAKE_EXIT_CODE={exit_code}\n")
+        (root / "etc/cluster/training.env").write_text(
+            f"FAKE_MODE={mode}\nFAKE_EXIT_CODE={exit_code}\nFAKE_NCCL_NETWORK={nccl_network}\n"
+        )
         (root / "opt/cluster/bundle").mkdir(parents=True)
         python = root / "opt/pytorch/bin/python"
         python.parent.mkdir(parents=True)
@@ -147,7 +158,8 @@ def expect_job_lookup(stub, fakes, instance_ids):
 
 
 def test_status_reports_each_nodes_state_step_and_loss(cli, cluster, fakes, ssm_stub, tmp_path):
-    ok, failed = FakeNode(tmp_path / "a", "exit", 0), FakeNode(tmp_path / "b", "exit", 3)
+    ok = FakeNode(tmp_path / "a", "exit", 0, nccl_network="Libfabric")
+    failed = FakeNode(tmp_path / "b", "exit", 3)  # failed before NCCL made a communicator
     for node in (ok, failed):
         node.start()
         node.wait_ended()
@@ -201,12 +213,15 @@ def test_status_reports_each_nodes_state_step_and_loss(cli, cluster, fakes, ssm_
     assert result.code == EXIT_OK, result.err
     assert cli.sleeps == [2.0]
     header, row_a, row_b, row_c, summary = result.lines
-    assert header.split() == ["INSTANCE", "STATE", "EXIT", "STEP", "LOSS", "STARTED", "ENDED", "DETAIL"]
-    assert row_a.split()[:5] == [a, "succeeded", "0", "20", "1.0"]
-    assert row_b.split()[:5] == [b, "failed", "3", "20", "1.0"]
-    assert row_c.split()[:5] == [c, "not-found", "-", "-", "-"]
+    assert header.split() == [
+        "INSTANCE", "STATE", "EXIT", "STEP", "LOSS", "NETWORK", "STARTED", "ENDED", "DETAIL"
+    ]
+    assert row_a.split()[:6] == [a, "succeeded", "0", "20", "1.0", "Libfabric/efa"]
+    assert row_b.split()[:6] == [b, "failed", "3", "20", "1.0", "-"]
+    assert row_c.split()[:6] == [c, "not-found", "-", "-", "-", "-"]
     assert f"no job {JOB} on this node" in row_c
     assert summary == f"job {JOB}: failed (3 nodes)"
+    assert result.err == ""  # EFA, or no network yet: nothing to warn about
 
 
 def test_cancel_stops_a_running_job_through_sigterm(cli, cluster, fakes, ssm_stub, tmp_path):
@@ -279,3 +294,102 @@ def test_cancel_of_an_unknown_job_asks_the_in_service_nodes(cli, cluster, sent):
     assert command["Parameters"]["action"] == ["cancel"]
     # moto answers with empty output: the nodes' state is unknown, and cancel says so with exit 1.
     assert result.code == EXIT_FAILED and "unknown" in result.out
+
+
+def expect_status(stub, fakes, answers):
+    """The job's start command, the status command, and each node's answer (stdout, exit code)."""
+    instance_ids = sorted(answers)
+    expect_job_lookup(stub, fakes, instance_ids)
+    stub.add_response(
+        "send_command",
+        {"Command": {"CommandId": COMMAND_ID}},
+        {
+            "DocumentName": fakes.DOCUMENT,
+            "DocumentVersion": "$LATEST",
+            "InstanceIds": instance_ids,
+            "Parameters": {"action": ["status"], "jobId": [JOB]},
+            "Comment": f"clusterctl status {JOB}",
+            "TimeoutSeconds": 120,
+        },
+    )
+    for instance_id in instance_ids:
+        stdout, code = answers[instance_id]
+        stub.add_response(
+            "get_command_invocation",
+            invocation(instance_id, "Success", stdout, code),
+            {"CommandId": COMMAND_ID, "InstanceId": instance_id},
+        )
+
+
+def test_status_warns_and_exits_1_when_a_node_of_a_running_job_uses_tcp(
+    cli, cluster, fakes, ssm_stub, tmp_path
+):
+    efa = FakeNode(tmp_path / "a", "until-sigterm", nccl_network="Libfabric")
+    tcp = FakeNode(tmp_path / "b", "until-sigterm", nccl_network="Socket")
+    a, b = cluster.instance_ids[:2]
+    try:
+        for node in (efa, tcp):
+            node.start()
+        answers = {}
+        for instance_id, node in ((a, efa), (b, tcp)):
+            deadline = time.monotonic() + 20
+            while json.loads(node.run("status", "--job-id", JOB)[0])["ncclNetwork"] is None:
+                assert time.monotonic() < deadline, "the stand-in did not log its NCCL network"
+                time.sleep(0.05)
+            answers[instance_id] = node.run("status", "--job-id", JOB)
+    finally:
+        for node in (efa, tcp):
+            node.run("cancel", "--job-id", JOB, "--timeout-seconds", "10")
+    expect_status(ssm_stub, fakes, answers)
+
+    result = cli("status", JOB, "--json")
+    assert result.code == EXIT_FAILED
+    report = json.loads(result.out)
+    assert report["state"] == "running"
+    assert sorted((n["instance_id"], n["nccl_network"], n["nccl_provider"]) for n in report["nodes"]) == sorted(
+        [(a, "Libfabric", "efa"), (b, "Socket", None)]
+    )
+    assert result.err == (
+        f"clusterctl: warning: NCCL is using TCP sockets, not EFA, on {b}: this job runs at a fraction of "
+        "the bandwidth; check `sudo PYTHONPATH=/opt/cluster/bundle python3 -m node_bootstrap check` on "
+        f"those nodes and cancel the job (clusterctl cancel {JOB})\n"
+    )
+
+
+def test_status_names_every_tcp_node_of_an_ended_job(cli, cluster, fakes, ssm_stub, tmp_path):
+    nodes = [FakeNode(tmp_path / name, "exit", 0, nccl_network="Socket") for name in ("a", "b")]
+    for node in nodes:
+        node.start()
+        node.wait_ended()
+    a, b = sorted(cluster.instance_ids[:2])
+    expect_status(ssm_stub, fakes, {a: nodes[0].run("status", "--job-id", JOB),
+                                    b: nodes[1].run("status", "--job-id", JOB)})
+    result = cli("status", JOB)
+    assert result.code == EXIT_FAILED
+    assert [line.split()[5] for line in result.lines[1:3]] == ["Socket", "Socket"]
+    assert result.err.startswith(f"clusterctl: warning: NCCL is using TCP sockets, not EFA, on {a}, {b}: ")
+    assert "this job ran at a fraction of the bandwidth" in result.err and "cancel" not in result.err
+
+
+def test_a_single_node_job_on_sockets_is_not_a_warning(cli, cluster, fakes, ssm_stub, tmp_path):
+    # On one node NCCL goes over NVLink; the network it names is never used.
+    node = FakeNode(tmp_path / "a", "exit", 0, nccl_network="Socket")
+    node.start()
+    node.wait_ended()
+    a = cluster.instance_ids[0]
+    expect_status(ssm_stub, fakes, {a: node.run("status", "--job-id", JOB)})
+    result = cli("status", JOB)
+    assert result.code == EXIT_OK and result.err == ""
+    assert result.lines[1].split()[5] == "Socket"
+
+
+def test_which_nodes_count_as_nccl_over_tcp():
+    def node(instance_id, network, provider=None, state="running"):
+        return NodeJobState(instance_id, state, None, 20, 1.0, None, None, None, network, provider)
+
+    efa, sock = node("i-a", "Libfabric", "efa"), node("i-b", "Socket")
+    libfabric_tcp = node("i-c", "Libfabric", "tcp;ofi_rxm")  # aws-ofi-nccl, but libfabric over TCP
+    assert (efa.network, sock.network, node("i-d", None).network) == ("Libfabric/efa", "Socket", None)
+    assert nodes_on_tcp([efa, sock, libfabric_tcp, node("i-d", None), node("i-e", "IB")]) == ["i-b", "i-c"]
+    assert nodes_on_tcp([sock]) == []  # one node: NVLink, the network is idle
+    assert nodes_on_tcp([sock, node("i-f", None, state="not-found")]) == []  # that node never ran the job

@@ -23,6 +23,8 @@ def test_env_file_holds_efa_nccl_paths_and_instance_type(config):
     assert env["FI_PROVIDER"] == "efa"
     assert env["FI_EFA_USE_DEVICE_RDMA"] == "1"
     assert env["NCCL_SOCKET_IFNAME"] == "^lo,docker,veth"
+    # The job log names the network NCCL chose ("NCCL INFO Using network ..."), which job status reads.
+    assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_SUBSYS"] == "INIT"
     assert env["PYTHONPATH"] == "/opt/cluster/bundle"
     assert env["CLUSTER_INSTANCE_TYPE"] == "p5.48xlarge"
     assert env["CHECKPOINT_ROOT"] == "/fsx/checkpoints" and env["DATA_ROOT"] == "/fsx/data"
@@ -56,6 +58,7 @@ def test_first_run_writes_env_and_pth_and_verifies_the_import(fake_node, config,
     assert (fake_node.root / pth.lstrip("/")).read_text() == "/opt/cluster/bundle\n"
     env_text = (fake_node.root / "etc/cluster/training.env").read_text()
     assert "\nFI_PROVIDER=efa\n" in env_text and "\nCLUSTER_INSTANCE_TYPE=p5.48xlarge\n" in env_text
+    assert "\nNCCL_DEBUG=INFO\nNCCL_DEBUG_SUBSYS=INIT\n" in env_text
     python = fake_node.path("/opt/pytorch/bin/python")
     assert fake_node.runner.commands()[-1] == f"{python} -c 'import training'"
     assert fake_node.runner.mutating_calls == []  # file writes only, through the Host
