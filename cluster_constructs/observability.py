@@ -6,6 +6,7 @@ A missing node and a full file system are the two failures that silently idle a 
 from __future__ import annotations
 
 from aws_cdk import (
+    Aws,
     Duration,
     RemovalPolicy,
 )
@@ -84,8 +85,25 @@ class ClusterObservability(Construct):
             description="Training cluster alarm topic",
             removal_policy=RemovalPolicy.DESTROY,
         )
-        for service in ("cloudwatch.amazonaws.com", "autoscaling.amazonaws.com"):
-            key.grant(iam.ServicePrincipal(service), "kms:Decrypt", "kms:GenerateDataKey*")
+        key.grant(iam.ServicePrincipal("cloudwatch.amazonaws.com"), "kms:Decrypt", "kms:GenerateDataKey*")
+        # Auto Scaling publishes its notifications as its service-linked role, which may not exist yet in a
+        # fresh account (it is created with the first group, after this key): a key policy naming it as the
+        # principal would be rejected, so the statement matches it by condition instead.
+        key.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="AllowAutoScalingNotifications",
+                principals=[iam.AnyPrincipal()],
+                actions=["kms:Decrypt", "kms:GenerateDataKey*"],
+                resources=["*"],
+                conditions={
+                    "StringEquals": {"kms:CallerAccount": Aws.ACCOUNT_ID},
+                    "ArnEquals": {
+                        "aws:PrincipalArn": f"arn:{Aws.PARTITION}:iam::{Aws.ACCOUNT_ID}:role/aws-service-role/"
+                        "autoscaling.amazonaws.com/AWSServiceRoleForAutoScaling"
+                    },
+                },
+            )
+        )
         self.alarm_topic = sns.Topic(
             self, "AlarmTopic", master_key=key, enforce_ssl=True, display_name="Training cluster alarms"
         )

@@ -6,6 +6,9 @@ user-data -> nodes -> jobs document -> alarms -> outputs -> cdk-nag suppressions
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 from aws_cdk import CfnOutput, Stack, Tags
 from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_ec2 as ec2
@@ -25,7 +28,6 @@ from stacks.settings import CAPACITY_BLOCK_SCALE_IN_LEAD, CapacityMode, ClusterS
 
 STACK_NAME = "TrainingClusterStack"
 USER_DATA_TEMPLATE = REPO_ROOT / "node_bootstrap" / "user_data.sh"
-BUNDLE_STAGING_DIR = REPO_ROOT / "build" / "node-bundle"
 
 
 class TrainingClusterStack(Stack):
@@ -66,7 +68,10 @@ class TrainingClusterStack(Stack):
             security_group=network.file_system_security_group,
         )
 
-        bundle = s3_assets.Asset(self, "NodeBundle", path=str(stage_bundle(BUNDLE_STAGING_DIR)))
+        # A private staging directory per synthesis (two synths at once must not share one); CDK copies the
+        # asset into cdk.out as the Asset is constructed, so the directory can go right after.
+        with tempfile.TemporaryDirectory(prefix="node-bundle-") as staging:
+            bundle = s3_assets.Asset(self, "NodeBundle", path=str(stage_bundle(Path(staging) / "bundle")))
         node_config = render_node_config(
             stack_name=construct_id,
             region=settings.region,

@@ -1,5 +1,7 @@
 """ClusterObservability: retained log group, encrypted alarm topic, the two alarms that catch an idle cluster."""
 
+import json
+
 import pytest
 from aws_cdk.assertions import Match, Template
 from cdk_support import bare_stack, build_settings, resources_of
@@ -38,15 +40,14 @@ def test_topic_is_encrypted_and_subscribed(template):
         "AWS::SNS::Subscription", {"Protocol": "email", "Endpoint": "ops@example.com"}
     )
     (key,) = resources_of(template, "AWS::KMS::Key")
-    principals = [
-        s["Principal"] for s in key["KeyPolicy"]["Statement"] if "Service" in s.get("Principal", {})
-    ]
-    services = {
-        svc
-        for p in principals
-        for svc in (p["Service"] if isinstance(p["Service"], list) else [p["Service"]])
-    }
-    assert services == {"cloudwatch.amazonaws.com", "autoscaling.amazonaws.com"}
+    statements = key["KeyPolicy"]["Statement"]
+    services = [s["Principal"]["Service"] for s in statements if "Service" in s.get("Principal", {})]
+    assert services == ["cloudwatch.amazonaws.com"]
+    (asg,) = [s for s in statements if s.get("Sid") == "AllowAutoScalingNotifications"]
+    assert asg["Principal"] == {"AWS": "*"}
+    assert set(asg["Condition"]) == {"StringEquals", "ArnEquals"}
+    role = json.dumps(asg["Condition"]["ArnEquals"]["aws:PrincipalArn"])
+    assert "role/aws-service-role/autoscaling.amazonaws.com/AWSServiceRoleForAutoScaling" in role
 
 
 def test_missing_nodes_alarm(template):
