@@ -76,6 +76,10 @@ class ClusterStorage(Construct):
         self.checkpoint_association = self._association(
             "CheckpointAssociation", self.checkpoint_bucket, CHECKPOINT_PATH
         )
+        # One association at a time: a file system works through its associations' creation one by one, and
+        # ordering them keeps CloudFormation from racing two creations (not verified that a race fails; the
+        # order costs a few minutes once, a failed create would cost a rollback).
+        self.checkpoint_association.add_dependency(self.data_association)
 
     def _bucket(self, construct_id: str, existing_name: str | None, *, versioned: bool) -> s3.IBucket:
         if existing_name:

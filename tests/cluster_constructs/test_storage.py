@@ -108,6 +108,15 @@ def test_data_repository_associations_sync_both_ways(created):
         assert association["BatchImportMetaDataOnCreate"] is True
 
 
+def test_associations_are_created_one_after_the_other(created):
+    _, template = created
+    associations = template.find_resources("AWS::FSx::DataRepositoryAssociation")
+    by_path = {r["Properties"]["FileSystemPath"]: (logical_id, r) for logical_id, r in associations.items()}
+    data_id, _ = by_path["/data"]
+    _, checkpoints = by_path["/checkpoints"]
+    assert checkpoints["DependsOn"] == [data_id]
+
+
 def test_existing_buckets_are_imported_not_created():
     storage, template = _storage(
         dataBucketName="team-data",
