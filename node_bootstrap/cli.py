@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 import time
@@ -83,6 +84,12 @@ def main(argv: Sequence[str] | None = None, *, make_runner: Callable[[bool], Run
         return int(e.code or 0)
     make_runner = make_runner or (lambda dry_run: Runner(dry_run=dry_run))
     host = Host(args.root, dry_run=args.dry_run)
+    if not os.path.isabs(args.config):
+        if host.root != "/":
+            print(f"node_bootstrap: --config={args.config!r}: with --root it must be an absolute path on the node",
+                  file=sys.stderr)
+            return EXIT_USAGE
+        args.config = os.path.abspath(args.config)  # relative to the working directory, as a user means it
     try:
         config = load_node_config(host.path(args.config))
     except ConfigError as e:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from node_bootstrap.cli import main
 
@@ -136,3 +137,17 @@ def test_usage_errors_exit_2(fake_node, kit, capsys):
     assert "invalid choice: 'nonsense'" in capsys.readouterr().err
     assert run_main(fake_node, kit, "run", "--only", "health", "--skip", "health") == 2
     assert main(["--help"]) == 0
+
+
+def test_relative_config_is_taken_from_the_working_directory(tmp_path, monkeypatch, capsys):
+    # A user verifying a node by hand: `python3 -m node_bootstrap check --dry-run --config my-config.json`
+    golden = json.loads((Path(__file__).parents[1] / "cluster_constructs/golden/node-config.json").read_text())
+    (tmp_path / "my-config.json").write_text(json.dumps(golden))
+    monkeypatch.chdir(tmp_path)
+    assert main(["check", "--dry-run", "--config", "my-config.json"]) == 0
+    assert "fi_info -p efa" in capsys.readouterr().out
+
+
+def test_relative_config_with_a_root_is_a_usage_error(tmp_path, capsys):
+    assert main(["check", "--root", str(tmp_path), "--config", "my-config.json"]) == 2
+    assert "--config='my-config.json': with --root it must be an absolute path" in capsys.readouterr().err
