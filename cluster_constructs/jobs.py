@@ -2,8 +2,8 @@
 managed policy an operator needs to drive the cluster with clusterctl.
 
 The document only calls the node_bootstrap.jobs package (docs/architecture.md section 5); every parameter has an
-allowedPattern, so SSM rejects shell metacharacters before the script, which substitutes the values into
-a bash command line, ever runs. The patterns are node_bootstrap.jobs' own validation expressions: one
+allowedPattern or allowedValues, so SSM rejects shell metacharacters before the script, which substitutes the
+values into a bash command line, ever runs. The patterns are node_bootstrap.jobs' own validation expressions: one
 definition for the document and the node.
 """
 
@@ -50,10 +50,17 @@ PARAMETERS: dict[str, dict[str, Any]] = {
         "description": "Job id (clusterctl makes j-YYYYMMDD-HHMMSS-xxxx).",
         "allowedPattern": _whole(node_jobs.JOB_ID_RE.pattern),
     },
+    "module": {
+        "type": "String",
+        "description": "start: what torchrun runs: training (the trainer) or training.commcheck (the "
+        "all_reduce bandwidth check).",
+        "default": node_jobs.TRAINING_MODULE,
+        "allowedValues": list(node_jobs.MODULES),
+    },
     "config": {
         "type": "String",
         "description": "start: training TOML, relative to the bundle dir (training/configs/X.toml) or "
-        "absolute.",
+        "absolute; empty for training.commcheck.",
         "default": "",
         "allowedPattern": _optional(node_jobs.CONFIG_RE.pattern),
     },
@@ -83,7 +90,8 @@ PARAMETERS: dict[str, dict[str, Any]] = {
     },
     "overrides": {
         "type": "String",
-        "description": "start: space-separated training overrides, key=value (passed as --set key=value).",
+        "description": "start: space-separated key=value items: training overrides (passed as --set "
+        "key=value), or training.commcheck options (min_busbw_gbps=350 is passed as --min-busbw-gbps 350).",
         "default": "",
         "allowedPattern": f"^({_OVERRIDE}( {_OVERRIDE})*)?$",
     },
@@ -98,18 +106,19 @@ PARAMETERS: dict[str, dict[str, Any]] = {
 
 def build_job_script(bundle_dir: str) -> list[str]:
     """The runShellScript lines. Each value is double-quoted and pattern-checked, so it is one word."""
-    module = "python3 -m node_bootstrap.jobs"
+    jobs_cli = "python3 -m node_bootstrap.jobs"
     return [
         "#!/bin/bash",
         "set -euo pipefail",
         f"export PYTHONPATH={bundle_dir}",
         'case "{{ action }}" in',
-        f'  start) exec {module} start --job-id "{{{{ jobId }}}}" --config "{{{{ config }}}}"'
+        f'  start) exec {jobs_cli} start --job-id "{{{{ jobId }}}}" --module "{{{{ module }}}}"'
+        ' --config "{{ config }}"'
         ' --nodes "{{ nodes }}" --gpus-per-node "{{ gpusPerNode }}"'
         ' --rendezvous-host "{{ rendezvousHost }}" --max-restarts "{{ maxRestarts }}"'
         ' --overrides "{{ overrides }}" ;;',
-        f'  status) exec {module} status --job-id "{{{{ jobId }}}}" ;;',
-        f'  cancel) exec {module} cancel --job-id "{{{{ jobId }}}}"'
+        f'  status) exec {jobs_cli} status --job-id "{{{{ jobId }}}}" ;;',
+        f'  cancel) exec {jobs_cli} cancel --job-id "{{{{ jobId }}}}"'
         ' --timeout-seconds "{{ cancelTimeoutSeconds }}" ;;',
         "esac",
     ]

@@ -1,7 +1,7 @@
 """Capacity Blocks for ML (offerings, purchase) and the account's reservations (ODCRs and blocks).
 
-Blocks are bought through the EC2 API, not CloudFormation (DESIGN.md, "Capacity"); after a purchase the
-stack is deployed against the block with the `-c` settings `deploy_context` prints.
+Blocks are bought through the EC2 API (no CloudFormation resource buys one); after a purchase the stack is
+deployed against the block with the `-c` settings `deploy_context` prints.
 """
 
 from __future__ import annotations

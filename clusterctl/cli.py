@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import sys
 import time
 import traceback
@@ -45,6 +46,32 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text}: must be 1 or more")
     return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text}: must be 0 or more")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed: a number > 0")
+    return value
+
+
+def _sizes_mib(text: str) -> str:
+    """Comma-separated whole MiB, as training.commcheck --sizes-mib takes them (checked here, before any
+    node runs it)."""
+    parts = text.split(",")
+    if not all(p.isascii() and p.isdigit() and 1 <= int(p) <= 65536 for p in parts):
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed: comma-separated MiB of 1-65536, e.g. 64,1024")
+    return ",".join(str(int(p)) for p in parts)
 
 
 def _utc_time(text: str) -> datetime.datetime:
@@ -162,10 +189,49 @@ def build_parser() -> argparse.ArgumentParser:
     )
     submit.set_defaults(handler=commands.submit)
 
+    commcheck = add(
+        "commcheck",
+        "Check NCCL all_reduce bandwidth across the ready nodes before a costly run: a job of "
+        "`python -m training.commcheck` (torchrun, one process per GPU), submitted like `submit`. "
+        "Prints the job id; read the result with `clusterctl status JOB` (busbw) and `clusterctl logs JOB`.",
+        epilog="busbw is nccl-tests' bus bandwidth, algbw x 2(n-1)/n for n ranks. Reference over EFA: "
+        "2 x p5.48xlarge about 440-480 GB/s for 1-16 GiB messages, about 350 GB/s at 4-16 nodes. Far less, "
+        "or `Socket` in status's NETWORK column, means NCCL is not on EFA. The job fails (exit 1 on the "
+        "nodes, state failed) when --min-busbw-gbps is given and busbw at the largest size is below it.",
+    )
+    commcheck.add_argument("--nodes", type=_positive_int, help="nodes to use (default: the stack's NodeCount)")
+    commcheck.add_argument(
+        "--min-busbw-gbps",
+        type=_positive_float,
+        metavar="GBPS",
+        help="fail the job when busbw at the largest size is below this, e.g. 400 for 2 p5 nodes, 300 for "
+        "4-16 (default: no threshold)",
+    )
+    commcheck.add_argument(
+        "--sizes-mib",
+        type=_sizes_mib,
+        metavar="N,N,...",
+        help="message sizes per GPU in MiB (default on the nodes: 64,256,1024,4096,16384)",
+    )
+    commcheck.add_argument("--iters", type=_positive_int, help="timed all_reduce calls per size (default 20)")
+    commcheck.add_argument(
+        "--warmup-iters", type=_non_negative_int, help="untimed all_reduce calls per size first (default 5)"
+    )
+    commcheck.add_argument(
+        "--dtype", choices=("bfloat16", "float32"), help="element type (default bfloat16)"
+    )
+    commcheck.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        help="torchrun --max-restarts (default 0: a failed check is an answer, not something to retry)",
+    )
+    commcheck.set_defaults(handler=commands.commcheck)
+
     status = add(
         "status",
-        "Per node: running, succeeded, failed (exit code) or cancelled; last step and loss; the network "
-        "NCCL chose (Libfabric/efa is EFA, Socket is TCP).",
+        "Per node: running, succeeded, failed (exit code) or cancelled; last step and loss (for a commcheck: "
+        "its all_reduce busbw); the network NCCL chose (Libfabric/efa is EFA, Socket is TCP).",
         epilog="Exits 1, with a warning on stderr naming the nodes, when a job of more than one node has "
         "NCCL on TCP (Socket, or a libfabric provider other than efa) instead of EFA on any node.",
     )

@@ -13,6 +13,7 @@ from clusterctl.aws import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ClusterctlError
 from clusterctl.cost import CostEstimate, cost_so_far, estimate_cost
 from clusterctl.nodes import list_nodes, select_job_nodes
 from clusterctl.render import format_table, format_time, format_usd, to_json
+from node_bootstrap import jobs as node_jobs
 
 if TYPE_CHECKING:
     from clusterctl.cli import Runtime
@@ -191,15 +192,38 @@ def nodes(args: argparse.Namespace, runtime: Runtime) -> int:
 
 
 def submit(args: argparse.Namespace, runtime: Runtime) -> int:
+    return _submit(args, runtime, node_jobs.TRAINING_MODULE, args.config, tuple(args.overrides))
+
+
+def commcheck(args: argparse.Namespace, runtime: Runtime) -> int:
+    """The all_reduce bandwidth check (training/commcheck.py) through submit's path: its options travel as
+    key=value overrides, which the node turns back into options (--min-busbw-gbps 350)."""
+    options = {
+        "sizes_mib": args.sizes_mib,
+        "iters": args.iters,
+        "warmup_iters": args.warmup_iters,
+        "dtype": args.dtype,
+        "min_busbw_gbps": args.min_busbw_gbps,
+    }
+    overrides = tuple(f"{key}={value}" for key, value in options.items() if value is not None)
+    return _submit(args, runtime, node_jobs.COMMCHECK_MODULE, "", overrides)
+
+
+def _submit(
+    args: argparse.Namespace, runtime: Runtime, module: str, config: str, overrides: tuple[str, ...]
+) -> int:
+    """Readiness, the first N ready nodes by private IP, the rendezvous on the first, one SendCommand per
+    50 nodes: the same for a training job and a commcheck."""
     assert runtime.context is not None
     outputs = _outputs(args, runtime)
     count = args.nodes or outputs.node_count
     request = jobs.JobRequest(
-        config=args.config,
+        config=config,
         nodes=count,
         gpus_per_node=get_instance_type(outputs.instance_type).gpu_count,
         max_restarts=args.max_restarts,
-        overrides=tuple(args.overrides),
+        overrides=overrides,
+        module=module,
     )
     request.validate()  # before any node is looked at
     found = list_nodes(
@@ -235,6 +259,15 @@ def submit(args: argparse.Namespace, runtime: Runtime) -> int:
                     "failed": {i.instance_id: i.error for i in result.failed},
                 }
             ),
+        )
+    elif module == node_jobs.COMMCHECK_MODULE:
+        _print(runtime, job_id)
+        _print(
+            runtime,
+            f"all_reduce check started on {len(selected)} x {outputs.instance_type} "
+            f"({request.gpus_per_node} GPUs each), rendezvous {result.rendezvous_host}; follow it with: "
+            f"clusterctl status {job_id} (busbw) and clusterctl logs {job_id} --follow (the table, NCCL's "
+            "network)",
         )
     else:
         _print(runtime, job_id)
@@ -274,8 +307,16 @@ def _job_nodes(args: argparse.Namespace, runtime: Runtime) -> tuple[stack.StackO
 
 def _print_states(args: argparse.Namespace, runtime: Runtime, states: list[jobs.NodeJobState]) -> None:
     overall = jobs.overall_state(states)
+    reported = jobs.reported_busbw(states)
     if args.json:
-        _print(runtime, to_json({"jobId": args.job_id, "state": overall, "nodes": states}))
+        report: dict[str, object] = {"jobId": args.job_id, "state": overall, "nodes": states}
+        if jobs.is_commcheck(states):
+            report["busbwGbps"] = reported.busbw_gbps if reported else None
+            report["busbwSizeBytes"] = reported.busbw_size_bytes if reported else None
+        _print(runtime, to_json(report))
+        return
+    if jobs.is_commcheck(states):
+        _print_commcheck_states(args, runtime, states, overall, reported)
         return
     rows = [
         (
@@ -298,6 +339,48 @@ def _print_states(args: argparse.Namespace, runtime: Runtime, states: list[jobs.
         ),
     )
     _print(runtime, f"job {args.job_id}: {overall} ({len(states)} nodes)")
+
+
+def _format_mib(size_bytes: int | None) -> str | None:
+    return None if size_bytes is None else f"{size_bytes / 2**20:g} MiB"
+
+
+def _print_commcheck_states(
+    args: argparse.Namespace,
+    runtime: Runtime,
+    states: list[jobs.NodeJobState],
+    overall: str,
+    reported: jobs.NodeJobState | None,
+) -> None:
+    """A commcheck's nodes: busbw where rank 0 logged it, instead of step and loss."""
+    rows = [
+        (
+            s.instance_id,
+            s.state,
+            s.exit_code,
+            None if s.busbw_gbps is None else f"{s.busbw_gbps:.1f}",
+            _format_mib(s.busbw_size_bytes),
+            s.network,
+            s.started_at,
+            s.ended_at,
+            s.detail,
+        )
+        for s in states
+    ]
+    _print(
+        runtime,
+        format_table(
+            ("INSTANCE", "STATE", "EXIT", "BUSBW GB/S", "SIZE", "NETWORK", "STARTED", "ENDED", "DETAIL"), rows
+        ),
+    )
+    if reported is not None:
+        _print(
+            runtime,
+            f"job {args.job_id}: {overall} ({len(states)} nodes); all_reduce busbw "
+            f"{reported.busbw_gbps:.1f} GB/s at {_format_mib(reported.busbw_size_bytes)}",
+        )
+    else:
+        _print(runtime, f"job {args.job_id}: {overall} ({len(states)} nodes); no busbw logged yet")
 
 
 def status(args: argparse.Namespace, runtime: Runtime) -> int:

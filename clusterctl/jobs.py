@@ -60,13 +60,33 @@ def job_time(job_id: str) -> datetime.datetime | None:
 
 @dataclass(frozen=True)
 class JobRequest:
-    config: str  # training TOML as the nodes see it, relative to the bundle dir or absolute
+    config: str  # training TOML as the nodes see it, relative to the bundle dir or absolute; "" for commcheck
     nodes: int
     gpus_per_node: int
     max_restarts: int
-    overrides: tuple[str, ...] = ()
+    overrides: tuple[str, ...] = ()  # training: --set items; commcheck: its options as key=value
+    module: str = node_jobs.TRAINING_MODULE  # what torchrun runs (node_bootstrap.jobs.MODULES)
 
     def validate(self) -> None:
+        if self.module not in node_jobs.MODULES:
+            raise ClusterctlError(
+                f"module={self.module!r}: allowed: {', '.join(node_jobs.MODULES)}", EXIT_USAGE
+            )
+        if self.module == node_jobs.TRAINING_MODULE:
+            self._validate_config()
+        elif self.config:
+            raise ClusterctlError(f"{self.module} takes no --config (got {self.config!r})", EXIT_USAGE)
+        for item in self.overrides:
+            if not node_jobs.OVERRIDE_RE.match(item):
+                raise ClusterctlError(
+                    f"--set {item!r}: allowed: key=value, a dotted key and a value of letters, "
+                    "digits and _ . : / + , @ % - (no spaces or quotes)",
+                    EXIT_USAGE,
+                )
+        if not 0 <= self.max_restarts <= 99:
+            raise ClusterctlError(f"--max-restarts={self.max_restarts}: allowed: 0-99", EXIT_USAGE)
+
+    def _validate_config(self) -> None:
         if not node_jobs.CONFIG_RE.match(self.config) or ".." in self.config.split("/"):
             raise ClusterctlError(
                 f"--config={self.config!r}: allowed: a .toml path of letters, digits, _ . / -", EXIT_USAGE
@@ -83,18 +103,9 @@ class JobRequest:
                 "absolute path on the nodes (e.g. on /fsx)",
                 EXIT_USAGE,
             )
-        for item in self.overrides:
-            if not node_jobs.OVERRIDE_RE.match(item):
-                raise ClusterctlError(
-                    f"--set {item!r}: allowed: key=value, a dotted key and a value of letters, "
-                    "digits and _ . : / + , @ % - (no spaces or quotes)",
-                    EXIT_USAGE,
-                )
-        if not 0 <= self.max_restarts <= 99:
-            raise ClusterctlError(f"--max-restarts={self.max_restarts}: allowed: 0-99", EXIT_USAGE)
 
     def parameters(self, job_id: str, rendezvous_host: str) -> dict[str, list[str]]:
-        return {
+        parameters = {
             "action": ["start"],
             "jobId": [job_id],
             "config": [self.config],
@@ -104,6 +115,11 @@ class JobRequest:
             "maxRestarts": [str(self.max_restarts)],
             "overrides": [" ".join(self.overrides)],
         }
+        # The document's default is training; leaving it out keeps training submits working against a
+        # stack deployed before the module parameter existed (SSM rejects unknown parameters).
+        if self.module != node_jobs.TRAINING_MODULE:
+            parameters["module"] = [self.module]
+        return parameters
 
 
 @dataclass(frozen=True)
@@ -292,6 +308,9 @@ class NodeJobState:
     detail: str | None  # an error, or what cancel did
     nccl_network: str | None = None  # NCCL's network on the node: Libfabric (EFA), Socket (TCP), IB; None: not yet
     nccl_provider: str | None = None  # aws-ofi-nccl's libfabric provider (efa) when the network is Libfabric
+    module: str | None = None  # what the job runs: training or training.commcheck; None: no answer
+    busbw_gbps: float | None = None  # commcheck: all_reduce busbw (GB/s) rank 0 logged on this node
+    busbw_size_bytes: int | None = None  # the message size of busbw_gbps (the largest, once it finished)
 
     @classmethod
     def from_invocation(cls, invocation: Invocation) -> NodeJobState:
@@ -309,6 +328,9 @@ class NodeJobState:
                 payload.get("cancel") or payload.get("error"),
                 nccl_network=payload.get("ncclNetwork"),
                 nccl_provider=payload.get("ncclProvider"),
+                module=payload.get("module"),
+                busbw_gbps=payload.get("busbwGbps"),
+                busbw_size_bytes=payload.get("busbwSizeBytes"),
             )
         if invocation.response_code == node_jobs.EXIT_NOT_FOUND:
             return cls(invocation.instance_id, "not-found", None, None, None, None, None, invocation.error)
@@ -331,6 +353,15 @@ class NodeJobState:
         return self.nccl_network == "Libfabric" and provider != "" and not provider.startswith("efa")
 
 
+def is_commcheck(states: Sequence[NodeJobState]) -> bool:
+    return any(s.module == node_jobs.COMMCHECK_MODULE for s in states)
+
+
+def reported_busbw(states: Sequence[NodeJobState]) -> NodeJobState | None:
+    """The node whose log has the commcheck's busbw: rank 0 prints it, so one node of the job."""
+    return next((s for s in states if s.busbw_gbps is not None), None)
+
+
 def overall_state(states: Sequence[NodeJobState]) -> str:
     """The job's state: running while any node runs; failed if any node failed; succeeded if all did."""
     names = {s.state for s in states}
@@ -344,7 +375,7 @@ def overall_state(states: Sequence[NodeJobState]) -> str:
 
 def nodes_on_tcp(states: Sequence[NodeJobState]) -> list[str]:
     """The nodes where NCCL runs over TCP instead of EFA, when that matters: in a job of more than one node
-    (on one node NCCL uses NVLink and the network is idle). DESIGN: a run whose logs show the Socket
+    (on one node NCCL uses NVLink and the network is idle). A run whose logs show the Socket
     transport instead of Libfabric is broken."""
     job_nodes = [s for s in states if s.state != "not-found"]
     if len(job_nodes) < 2:

@@ -27,7 +27,7 @@ from training.errors import ConfigError
 BACKENDS = ("none", "torchao", "te")
 TORCHAO_RECIPES = ("tensorwise", "rowwise")
 TE_RECIPES = ("delayed", "current")
-TE_MIN_VERSION = (2, 16)  # FSDP2 support for TE modules (DESIGN.md)
+TE_MIN_VERSION = (2, 16)  # the first Transformer Engine release whose modules work under FSDP2
 TE_INSTALL = 'pip install --no-build-isolation "transformer_engine[pytorch]>=2.16"'
 HIGH_PRECISION_MODULES = ("output",)  # module names (last FQN part) never converted: the output head
 FP8_DIM_MULTIPLE = 16  # FP8 GEMMs need in/out features divisible by 16 (torch._scaled_mm, TE Linear docs)

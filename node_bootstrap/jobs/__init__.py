@@ -5,6 +5,8 @@ ssm:SendCommand (docs/architecture.md section 5):
 
     python3 -m node_bootstrap.jobs start  --job-id J --config training/configs/X.toml --nodes N \
         --gpus-per-node G --rendezvous-host IP --max-restarts R [--overrides "k=v k=v"]
+    python3 -m node_bootstrap.jobs start  --job-id J --module training.commcheck --nodes N \
+        --gpus-per-node G --rendezvous-host IP --max-restarts 0 [--overrides "min_busbw_gbps=350"]
     python3 -m node_bootstrap.jobs status --job-id J
     python3 -m node_bootstrap.jobs cancel --job-id J [--timeout-seconds 120]
 
@@ -35,6 +37,8 @@ from node_bootstrap.jobs.control import (
     NcclNetwork,
     cancel_job,
     descendants,
+    find_busbw,
+    find_last_event,
     find_last_step,
     find_nccl_network,
     job_status,
@@ -61,15 +65,19 @@ from node_bootstrap.jobs.logs import (
 )
 from node_bootstrap.jobs.settings import DEFAULT_NODE_CONFIG, JobSettings, load_settings, under_root
 from node_bootstrap.jobs.spec import (
+    COMMCHECK_MODULE,
     CONFIG_RE,
     HOST_RE,
     JOB_ID_RE,
+    MODULES,
     OVERRIDE_RE,
     STATES,
     STOP_GRACE_SECONDS,
+    TRAINING_MODULE,
     UNIT_PREFIX,
     JobFiles,
     JobSpec,
+    build_option_args,
     build_torchrun_argv,
     read_json,
     utc_now,
@@ -81,6 +89,7 @@ from node_bootstrap.jobs.supervise import Supervisor, build_job_command, exit_co
 __all__ = [
     "CLOUDWATCH_AGENT_CTL",
     "CLOUDWATCH_JOBS_CONFIG_DIR",
+    "COMMCHECK_MODULE",
     "CONFIG_RE",
     "DEFAULT_NODE_CONFIG",
     "EXIT_FAILED",
@@ -91,11 +100,13 @@ __all__ = [
     "JOB_ID_RE",
     "LOG_HEAD_BYTES",
     "LOG_TAIL_BYTES",
+    "MODULES",
     "NCCL_NETWORK_ALIASES",
     "OVERRIDE_RE",
     "START_WAIT_SECONDS",
     "STATES",
     "STOP_GRACE_SECONDS",
+    "TRAINING_MODULE",
     "UNIT_PREFIX",
     "JobError",
     "JobFiles",
@@ -106,11 +117,14 @@ __all__ = [
     "Supervisor",
     "build_cloudwatch_config",
     "build_job_command",
+    "build_option_args",
     "build_parser",
     "build_torchrun_argv",
     "cancel_job",
     "descendants",
     "exit_code_of",
+    "find_busbw",
+    "find_last_event",
     "find_last_step",
     "find_nccl_network",
     "job_status",

@@ -12,7 +12,7 @@ from node_bootstrap.jobs.control import cancel_job, job_status
 from node_bootstrap.jobs.errors import EXIT_OK, JobError
 from node_bootstrap.jobs.launch import start_job
 from node_bootstrap.jobs.settings import DEFAULT_NODE_CONFIG, load_settings
-from node_bootstrap.jobs.spec import STOP_GRACE_SECONDS, JobSpec
+from node_bootstrap.jobs.spec import MODULES, STOP_GRACE_SECONDS, TRAINING_MODULE, JobSpec
 from node_bootstrap.jobs.supervise import Supervisor
 
 
@@ -31,22 +31,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     start = sub.add_parser("start", help="launch torchrun detached and return once it runs")
     start.add_argument("--job-id", required=True)
-    start.add_argument("--config", required=True,
-                       help="training TOML, relative to the bundle dir or absolute")
+    start.add_argument("--module", choices=MODULES, default=TRAINING_MODULE,
+                       help="what torchrun runs: training (default) or training.commcheck (all_reduce "
+                       "bandwidth check)")
+    start.add_argument("--config", default="",
+                       help="training TOML, relative to the bundle dir or absolute (training only; required "
+                       "there, empty for training.commcheck)")
     start.add_argument("--nodes", type=int, required=True, help="torchrun --nnodes")
     start.add_argument("--gpus-per-node", type=int, required=True, help="torchrun --nproc-per-node")
     start.add_argument("--rendezvous-host", required=True,
                        help="private IP of the node hosting the c10d store")
     start.add_argument("--max-restarts", type=int, default=3, help="torchrun --max-restarts (default 3)")
-    start.add_argument("--overrides", default="", help='space-separated training overrides: "k=v k2=v2"')
+    start.add_argument("--overrides", default="",
+                       help='space-separated "k=v k2=v2": training --set items, or for training.commcheck '
+                       "its options (min_busbw_gbps=350 -> --min-busbw-gbps 350)")
     start.add_argument(
         "--launcher", choices=("auto", "systemd", "direct"), default="auto",
         help="systemd: systemd-run unit training-job-<id>; direct: double fork + setsid, for hosts where "
         "systemd is not PID 1 (containers, tests); auto (default): systemd when it runs, else direct",
     )
 
-    status = sub.add_parser("status", help="print the job's state, exit code, last step and loss, "
-                                "and the network NCCL chose on this node")
+    status = sub.add_parser("status", help="print the job's state, exit code, last step and loss (a "
+                                "commcheck: its all_reduce busbw), and the network NCCL chose on this node")
     status.add_argument("--job-id", required=True)
 
     cancel = sub.add_parser("cancel", help="SIGTERM (the trainer checkpoints), wait, then kill")
@@ -68,7 +74,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.command == "start":
             spec = JobSpec(job_id=args.job_id, config=args.config, nodes=args.nodes,
                            gpus_per_node=args.gpus_per_node, rendezvous_host=args.rendezvous_host,
-                           max_restarts=args.max_restarts, overrides=tuple(args.overrides.split()))
+                           max_restarts=args.max_restarts, overrides=tuple(args.overrides.split()),
+                           module=args.module)
             result = start_job(settings, spec, args.node_config, args.launcher)
         elif args.command == "status":
             result = job_status(settings, args.job_id)

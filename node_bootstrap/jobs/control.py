@@ -1,5 +1,5 @@
-"""`status` and `cancel`: read a job's recorded state (and, from its log, the last step and the network NCCL
-chose), and stop it."""
+"""`status` and `cancel`: read a job's recorded state (and, from its log, the last step, or a commcheck's
+all_reduce bus bandwidth, and the network NCCL chose), and stop it."""
 
 import json
 import os
@@ -13,7 +13,9 @@ from typing import NamedTuple, Optional
 from node_bootstrap.jobs.errors import EXIT_NOT_FOUND, JobError
 from node_bootstrap.jobs.settings import JobSettings
 from node_bootstrap.jobs.spec import (
+    COMMCHECK_MODULE,
     STOP_GRACE_SECONDS,
+    TRAINING_MODULE,
     JobFiles,
     read_json,
     utc_now,
@@ -70,20 +72,35 @@ def read_log_ends(log_path: str, head_bytes: int = LOG_HEAD_BYTES,
     return LogEnds(head.decode("utf-8", "replace"), tail.decode("utf-8", "replace"))
 
 
-def find_last_step(text: str) -> Optional[dict[str, object]]:
-    """The last trainer progress line, {"event": "step", "step": ..., "loss": ...}, in `text`.
-    torchrun may prefix lines (e.g. "[rank0]:"), so the JSON starts at the first "{"."""
+def find_last_event(text: str, events: tuple[str, ...]) -> Optional[dict[str, object]]:
+    """The last JSON line in `text` whose "event" is one of `events`. torchrun may prefix lines (e.g.
+    "[rank0]:"), so the JSON starts at the first "{"."""
     for line in reversed(text.splitlines()):
         start = line.find("{")
-        if start < 0 or '"step"' not in line:
+        if start < 0 or not any(f'"{name}"' in line for name in events):
             continue
         try:
             event = json.loads(line[start:])
         except ValueError:
             continue
-        if isinstance(event, dict) and event.get("event") == "step":
+        if isinstance(event, dict) and event.get("event") in events:
             return event
     return None
+
+
+def find_last_step(text: str) -> Optional[dict[str, object]]:
+    """The last trainer progress line, {"event": "step", "step": ..., "loss": ...}, in `text`."""
+    return find_last_event(text, ("step",))
+
+
+def find_busbw(text: str) -> Optional[dict[str, object]]:
+    """A commcheck's bus bandwidth from its JSON lines (training/commcheck.py): the summary's busbw at the
+    largest size once it is printed, before that the newest size's; None before the first size ends."""
+    event = find_last_event(text, ("allreduce_summary", "allreduce"))
+    if event is None:
+        return None
+    size_key = "largest_size_bytes" if event["event"] == "allreduce_summary" else "size_bytes"
+    return {"busbwGbps": event.get("busbw_gbps"), "busbwSizeBytes": event.get(size_key)}
 
 
 def last_step(log_path: str) -> Optional[dict[str, object]]:
@@ -140,6 +157,13 @@ def job_status(settings: JobSettings, job_id: str) -> dict[str, object]:
     step = find_last_step(ends.tail) if ends else None
     result["lastStep"] = step.get("step") if step else None
     result["lastLoss"] = step.get("loss") if step else None
+    spec = read_json(files.spec_path) or {}
+    result["module"] = spec.get("module", TRAINING_MODULE)  # jobs started before the module existed: training
+    if result["module"] == COMMCHECK_MODULE:
+        # Only rank 0 prints: on the other nodes of the job both stay None.
+        busbw = (find_busbw(ends.tail) if ends else None) or {}
+        result["busbwGbps"] = busbw.get("busbwGbps")
+        result["busbwSizeBytes"] = busbw.get("busbwSizeBytes")
     nccl = find_nccl_network(ends) if ends else NcclNetwork(None, None)
     result["ncclNetwork"] = nccl.network  # None: no "Using network" line yet
     result["ncclProvider"] = nccl.provider

@@ -96,6 +96,7 @@ def start_job(settings: JobSettings, spec: JobSpec, node_config: str, launcher: 
     os.makedirs(settings.job_log_dir, exist_ok=True)
     write_json_atomic(files.spec_path, {
         "jobId": spec.job_id,
+        "module": spec.module,
         "argv": build_torchrun_argv(settings, spec),
         "cwd": settings.bundle_dir,
         "envFile": settings.env_file,

@@ -22,6 +22,13 @@ CONFIG_RE = re.compile(r"^[A-Za-z0-9_./-]+\.toml$")
 HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]{0,252}$")
 OVERRIDE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.]*=[A-Za-z0-9_.:/+,@%-]*$")
 
+# What torchrun runs (`-m MODULE`): the trainer, or the all_reduce bandwidth check (training/commcheck.py).
+TRAINING_MODULE = "training"
+COMMCHECK_MODULE = "training.commcheck"
+MODULES = (TRAINING_MODULE, COMMCHECK_MODULE)
+# commcheck's overrides become its options (key=value -> --key value, _ -> -): a plain key, no dots.
+_OPTION_KEY_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+
 
 def utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -37,13 +44,21 @@ class JobSpec:
     gpus_per_node: int
     rendezvous_host: str  # private IP of the node that hosts the c10d store
     max_restarts: int  # torchrun --max-restarts: whole-job restarts after a worker failure
-    overrides: tuple[str, ...] = field(default_factory=tuple)  # training --set key=value items
+    # key=value items: training's --set overrides, or commcheck's options (build_option_args)
+    overrides: tuple[str, ...] = field(default_factory=tuple)
+    module: str = TRAINING_MODULE  # one of MODULES: what torchrun runs
 
     def validate(self) -> None:
         validate_job_id(self.job_id)
+        if self.module not in MODULES:
+            raise JobError(f"module={self.module!r}: allowed: {', '.join(MODULES)}", EXIT_USAGE)
+        if self.module == TRAINING_MODULE:
+            config_ok = bool(CONFIG_RE.match(self.config)) and ".." not in self.config.split("/")
+            config_allowed = "a .toml path of letters, digits, _ . / - without '..'"
+        else:
+            config_ok, config_allowed = self.config == "", f"empty: {self.module} takes no training config"
         checks = [
-            ("config", self.config, bool(CONFIG_RE.match(self.config)) and ".." not in self.config.split("/"),
-             "a .toml path of letters, digits, _ . / - without '..'"),
+            ("config", self.config, config_ok, config_allowed),
             ("nodes", self.nodes, 1 <= self.nodes <= 4096, "1-4096"),
             ("gpus-per-node", self.gpus_per_node, 1 <= self.gpus_per_node <= 64, "1-64"),
             ("rendezvous-host", self.rendezvous_host, bool(HOST_RE.match(self.rendezvous_host)),
@@ -60,6 +75,9 @@ class JobSpec:
                     "digits and _ . : / + , @ % -",
                     EXIT_USAGE,
                 )
+            if self.module == COMMCHECK_MODULE and not _OPTION_KEY_RE.match(item.split("=", 1)[0]):
+                raise JobError(f"overrides item {item!r}: allowed for {self.module}: option=value with an "
+                               "option name of a-z 0-9 _ (e.g. min_busbw_gbps=350)", EXIT_USAGE)
 
 
 def validate_job_id(job_id: str) -> None:
@@ -114,7 +132,8 @@ def read_json(path: str) -> Optional[dict[str, object]]:
 
 def build_torchrun_argv(settings: JobSettings, spec: JobSpec) -> list[str]:
     """The command every node runs. c10d rendezvous on the first node: the same argv on every node, node
-    ranks assigned by the rendezvous (torchrun docs, "Usage: multi-node multi-worker")."""
+    ranks assigned by the rendezvous (torchrun docs, "Usage: multi-node multi-worker"). The trainer gets
+    its config, resume and a checkpoint directory per job; commcheck gets only its options."""
     argv = [
         settings.python, "-m", "torch.distributed.run",
         "--nnodes", str(spec.nodes),
@@ -123,7 +142,11 @@ def build_torchrun_argv(settings: JobSettings, spec: JobSpec) -> list[str]:
         "--rdzv-endpoint", f"{spec.rendezvous_host}:{settings.rendezvous_port}",
         "--rdzv-id", spec.job_id,
         "--max-restarts", str(spec.max_restarts),
-        "-m", "training",
+        "-m", spec.module,
+    ]
+    if spec.module == COMMCHECK_MODULE:
+        return argv + build_option_args(spec.overrides)
+    argv += [
         "--config", spec.config,
         "--resume", "auto",
         "--set", f"checkpoint.dir={settings.checkpoint_root.rstrip('/')}/{spec.job_id}",
@@ -131,3 +154,12 @@ def build_torchrun_argv(settings: JobSettings, spec: JobSpec) -> list[str]:
     for item in spec.overrides:
         argv += ["--set", item]
     return argv
+
+
+def build_option_args(overrides: tuple[str, ...]) -> list[str]:
+    """key=value items as command-line options: min_busbw_gbps=350 -> --min-busbw-gbps 350."""
+    args: list[str] = []
+    for item in overrides:
+        key, value = item.split("=", 1)
+        args += ["--" + key.replace("_", "-"), value]
+    return args

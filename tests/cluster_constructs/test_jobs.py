@@ -51,11 +51,13 @@ def test_document_is_a_command_document_running_the_node_launcher(built):
 def test_every_parameter_is_constrained(built):
     _, _, template = built
     parameters = document_content(template)["parameters"]
-    assert set(parameters) == {"action", "jobId", "config", "nodes", "gpusPerNode", "rendezvousHost",
-                               "maxRestarts", "overrides", "cancelTimeoutSeconds"}
+    assert set(parameters) == {"action", "jobId", "module", "config", "nodes", "gpusPerNode",
+                               "rendezvousHost", "maxRestarts", "overrides", "cancelTimeoutSeconds"}
     assert parameters["action"]["allowedValues"] == ["start", "status", "cancel"]
+    assert parameters["module"]["allowedValues"] == ["training", "training.commcheck"]
+    assert parameters["module"]["default"] == "training"
     for name, spec in parameters.items():
-        if name != "action":
+        if name not in ("action", "module"):
             pattern = re.compile(spec["allowedPattern"])
             # A default must itself be allowed, or SSM would reject a status/cancel that omits it.
             assert "default" not in spec or pattern.match(spec["default"]), name
@@ -85,6 +87,7 @@ def test_patterns_reject_shell_metacharacters(name, value):
         ("jobId", "j-20261120-231502-ab12"), ("config", "training/configs/llama3-8b.toml"), ("config", ""),
         ("config", "/fsx/configs/run_7.toml"), ("rendezvousHost", "10.0.12.34"), ("nodes", "16"),
         ("overrides", "optim.lr=3e-4 train.steps=1000 data.path=/fsx/data/tok-v2"), ("overrides", ""),
+        ("overrides", "sizes_mib=64,1024 min_busbw_gbps=350.0 iters=20"),
         ("maxRestarts", "3"), ("cancelTimeoutSeconds", "120"), ("gpusPerNode", "8"),
     ],
 )
@@ -120,9 +123,9 @@ def test_script_passes_every_parameter_to_the_node_launcher(built):
 
     parser = node_jobs.build_parser()
     start = parser.parse_args(command_for(script, "start"))
-    assert (start.command, start.job_id, start.config, start.nodes, start.gpus_per_node,
+    assert (start.command, start.job_id, start.module, start.config, start.nodes, start.gpus_per_node,
             start.rendezvous_host, start.max_restarts, start.overrides) == (
-        "start", "j-20261120-231502-ab12", "training/configs/tiny.toml", 4, 8, "10.0.1.17", 2,
+        "start", "j-20261120-231502-ab12", "training", "training/configs/tiny.toml", 4, 8, "10.0.1.17", 2,
         "optim.lr=3e-4 train.steps=10")
     status = parser.parse_args(command_for(script, "status"))
     assert (status.command, status.job_id) == ("status", "j-20261120-231502-ab12")
@@ -131,10 +134,29 @@ def test_script_passes_every_parameter_to_the_node_launcher(built):
         "cancel", "j-20261120-231502-ab12", 60.0)
 
 
+def test_script_starts_a_commcheck_without_a_config():
+    values = {"action": "start", "jobId": "j-20261120-231502-cc01", "module": "training.commcheck",
+              "nodes": "2", "rendezvousHost": "10.0.1.17", "maxRestarts": "0",
+              "overrides": "sizes_mib=64,1024 min_busbw_gbps=350.0"}
+    script = render(build_job_script("/opt/cluster/bundle"), values)
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+    start = node_jobs.build_parser().parse_args(command_for(script, "start"))
+    assert (start.module, start.config, start.nodes, start.gpus_per_node, start.max_restarts) == (
+        "training.commcheck", "", 2, 8, 0)
+    spec = node_jobs.JobSpec(job_id=start.job_id, config=start.config, nodes=start.nodes,
+                             gpus_per_node=start.gpus_per_node, rendezvous_host=start.rendezvous_host,
+                             max_restarts=start.max_restarts, overrides=tuple(start.overrides.split()),
+                             module=start.module)
+    spec.validate()  # what the node would accept
+    assert node_jobs.build_option_args(spec.overrides) == [
+        "--sizes-mib", "64,1024", "--min-busbw-gbps", "350.0"]
+
+
 def test_script_with_defaults_parses_for_status(built):
     script = render(build_job_script("/opt/cluster/bundle"), {"action": "status", "jobId": "j-x-1"})
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
-    assert node_jobs.build_parser().parse_args(command_for(script, "start")).overrides == ""
+    start = node_jobs.build_parser().parse_args(command_for(script, "start"))
+    assert (start.overrides, start.module) == ("", "training")
 
 
 def statement(template, sid):

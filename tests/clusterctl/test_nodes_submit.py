@@ -3,8 +3,10 @@
 import re
 
 import boto3
+import pytest
 
 from clusterctl.aws import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from node_bootstrap import jobs as node_jobs
 
 REGION = "us-east-1"
 
@@ -126,3 +128,80 @@ def test_nodes_of_a_group_that_is_gone(cli, sent, cluster, fakes):
     )
     result = cli("nodes")
     assert result.code == 4 and f"Auto Scaling group {fakes.GROUP}" in result.err
+
+
+def test_commcheck_submits_the_check_like_a_job_with_its_options(cli, sent, cluster, fakes):
+    result = cli("commcheck", "--min-busbw-gbps", "400", "--sizes-mib", "64,1024", "--dtype", "float32")
+    assert result.code == EXIT_OK, result.err
+    job_id = result.lines[0]
+    assert re.fullmatch(r"j-\d{8}-\d{6}-[0-9a-f]{4}", job_id)
+    assert result.lines[1] == (
+        f"all_reduce check started on 3 x p5.48xlarge (8 GPUs each), rendezvous {cluster.private_ips[0]}; "
+        f"follow it with: clusterctl status {job_id} (busbw) and clusterctl logs {job_id} --follow (the "
+        "table, NCCL's network)"
+    )
+    (command,) = sent
+    assert command["DocumentName"] == fakes.DOCUMENT
+    assert command["InstanceIds"] == cluster.instance_ids
+    assert command["Parameters"] == {
+        "action": ["start"],
+        "jobId": [job_id],
+        "module": ["training.commcheck"],
+        "config": [""],
+        "nodes": ["3"],
+        "gpusPerNode": ["8"],
+        "rendezvousHost": [cluster.private_ips[0]],
+        "maxRestarts": ["0"],  # a failed check is an answer, not something to retry
+        "overrides": ["sizes_mib=64,1024 dtype=float32 min_busbw_gbps=400.0"],
+    }
+    # What the node makes of it: the options training.commcheck takes.
+    assert node_jobs.build_option_args(tuple(command["Parameters"]["overrides"][0].split())) == [
+        "--sizes-mib", "64,1024", "--dtype", "float32", "--min-busbw-gbps", "400.0"
+    ]
+
+
+def test_commcheck_without_options_leaves_the_defaults_to_the_check(cli, sent, cluster):
+    cluster.tag(0, **{"cluster:bootstrap": "running"})
+    result = cli("commcheck", "--nodes", "2", "--json")
+    assert result.code == EXIT_OK, result.err
+    (command,) = sent
+    assert command["InstanceIds"] == cluster.instance_ids[1:]
+    assert command["Parameters"]["rendezvousHost"] == [cluster.private_ips[1]]
+    assert command["Parameters"]["overrides"] == [""]
+    assert command["Parameters"]["module"] == ["training.commcheck"]
+
+
+def test_commcheck_refuses_like_submit_when_nodes_are_not_ready(cli, sent, cluster):
+    cluster.tag(1, **{"cluster:bootstrap": "failed", "cluster:bootstrap-reason": "EFA devices: 31 of 32"})
+    result = cli("commcheck")
+    assert result.code == EXIT_FAILED
+    assert result.err.strip() == (
+        "clusterctl: error: not submitted: 3 nodes asked, 2 of 3 ready "
+        f"(not ready: {cluster.instance_ids[1]}: bootstrap failed: EFA devices: 31 of 32); see clusterctl nodes"
+    )
+    assert sent == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--sizes-mib", "64,0"], "argument --sizes-mib: '64,0': allowed: comma-separated MiB of 1-65536"),
+        (["--sizes-mib", "1g"], "argument --sizes-mib: '1g'"),
+        (["--min-busbw-gbps", "-5"], "argument --min-busbw-gbps: '-5': allowed: a number > 0"),
+        (["--min-busbw-gbps", "inf"], "argument --min-busbw-gbps: 'inf'"),
+        (["--warmup-iters", "-1"], "argument --warmup-iters: -1: must be 0 or more"),
+        (["--dtype", "fp8"], "argument --dtype: invalid choice: 'fp8'"),
+    ],
+)
+def test_commcheck_rejects_bad_options_before_any_aws_call(cli, sent, cluster, capsys, argv, message):
+    with pytest.raises(SystemExit) as exited:
+        cli("commcheck", *argv)
+    assert exited.value.code == EXIT_USAGE
+    assert message in capsys.readouterr().err
+    assert sent == []
+
+
+def test_commcheck_max_restarts_is_checked_like_submit(cli, sent, cluster):
+    result = cli("commcheck", "--max-restarts", "100")
+    assert result.code == EXIT_USAGE and "--max-restarts=100: allowed: 0-99" in result.err
+    assert sent == []

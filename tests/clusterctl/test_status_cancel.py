@@ -31,8 +31,17 @@ if network == "Libfabric":
     print(prefix + "NET/OFI Selected provider is efa, fabric is efa-direct (found 32 nics)", flush=True)
 if network:
     print(prefix + "Using network " + network, flush=True)
-for step in (10, 20):
-    print(json.dumps({{"event": "step", "step": step, "loss": 3.0 - step / 10}}), flush=True)
+if "training.commcheck" in sys.argv and os.environ.get("FAKE_RANK0") == "1":  # rank 0's lines, as
+    # training/commcheck.py prints them
+    print(json.dumps({{"event": "allreduce", "size_bytes": 1073741824, "dtype": "bfloat16", "ranks": 16,
+                      "backend": "nccl", "time_ms": 4.5, "algbw_gbps": 238.6, "busbw_gbps": 447.4}}), flush=True)
+    print(json.dumps({{"event": "allreduce_summary", "backend": "nccl", "dtype": "bfloat16", "ranks": 16,
+                      "nodes": 2, "sizes_bytes": [1073741824], "largest_size_bytes": 1073741824,
+                      "busbw_gbps": 447.4, "peak_busbw_gbps": 447.4, "min_busbw_gbps": None,
+                      "passed": None}}), flush=True)
+elif "training.commcheck" not in sys.argv:
+    for step in (10, 20):
+        print(json.dumps({{"event": "step", "step": step, "loss": 3.0 - step / 10}}), flush=True)
 if os.environ["FAKE_MODE"] == "exit":
     sys.exit(int(os.environ["FAKE_EXIT_CODE"]))
 signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
@@ -44,7 +53,7 @@ while True:
 class FakeNode:
     """A node root with the node config and a stand-in for torchrun's python, driven through the real CLI."""
 
-    def __init__(self, root: Path, mode: str, exit_code: int = 0, nccl_network: str = ""):
+    def __init__(self, root: Path, mode: str, exit_code: int = 0, nccl_network: str = "", rank0: bool = False):
         self.root = root
         (root / "etc/cluster").mkdir(parents=True)
         (root / "etc/cluster/node-config.json").write_text(
@@ -65,6 +74,7 @@ class FakeNode:
         )
         (root / "etc/cluster/training.env").write_text(
             f"FAKE_MODE={mode}\nFAKE_EXIT_CODE={exit_code}\nFAKE_NCCL_NETWORK={nccl_network}\n"
+            f"FAKE_RANK0={int(rank0)}\n"
         )
         (root / "opt/cluster/bundle").mkdir(parents=True)
         python = root / "opt/pytorch/bin/python"
@@ -82,13 +92,12 @@ class FakeNode:
         )
         return result.stdout, result.returncode
 
-    def start(self):
+    def start(self, *module_args):
         self.run(
             "start",
             "--job-id",
             JOB,
-            "--config",
-            "training/configs/tiny-cpu.toml",
+            *(module_args or ("--config", "training/configs/tiny-cpu.toml")),
             "--nodes",
             "2",
             "--gpus-per-node",
@@ -393,3 +402,40 @@ def test_which_nodes_count_as_nccl_over_tcp():
     assert nodes_on_tcp([efa, sock, libfabric_tcp, node("i-d", None), node("i-e", "IB")]) == ["i-b", "i-c"]
     assert nodes_on_tcp([sock]) == []  # one node: NVLink, the network is idle
     assert nodes_on_tcp([sock, node("i-f", None, state="not-found")]) == []  # that node never ran the job
+
+
+def test_status_of_a_commcheck_shows_busbw_from_rank_0s_node(cli, cluster, fakes, ssm_stub, tmp_path):
+    rank0 = FakeNode(tmp_path / "a", "exit", 0, nccl_network="Libfabric", rank0=True)
+    other = FakeNode(tmp_path / "b", "exit", 0, nccl_network="Libfabric")
+    for node in (rank0, other):
+        node.start("--module", "training.commcheck", "--overrides", "sizes_mib=1024")
+        node.wait_ended()
+    a, b = sorted(cluster.instance_ids[:2])
+    answers = {a: rank0.run("status", "--job-id", JOB), b: other.run("status", "--job-id", JOB)}
+    expect_status(ssm_stub, fakes, answers)
+    result = cli("status", JOB)
+    assert result.code == EXIT_OK, result.err
+    header, row_a, row_b, summary = result.lines
+    assert header.split() == [
+        "INSTANCE", "STATE", "EXIT", "BUSBW", "GB/S", "SIZE", "NETWORK", "STARTED", "ENDED", "DETAIL"
+    ]
+    assert row_a.split()[:7] == [a, "succeeded", "0", "447.4", "1024", "MiB", "Libfabric/efa"]
+    assert row_b.split()[:6] == [b, "succeeded", "0", "-", "-", "Libfabric/efa"]
+    assert summary == f"job {JOB}: succeeded (2 nodes); all_reduce busbw 447.4 GB/s at 1024 MiB"
+
+    expect_status(ssm_stub, fakes, answers)
+    report = json.loads(cli("status", JOB, "--json").out)
+    assert (report["busbwGbps"], report["busbwSizeBytes"]) == (447.4, 1073741824)
+    assert [n["module"] for n in report["nodes"]] == ["training.commcheck"] * 2
+
+
+def test_status_of_a_training_job_has_no_busbw(cli, cluster, fakes, ssm_stub, tmp_path):
+    node = FakeNode(tmp_path / "a", "exit", 0)
+    node.start()
+    node.wait_ended()
+    a = cluster.instance_ids[0]
+    expect_status(ssm_stub, fakes, {a: node.run("status", "--job-id", JOB)})
+    report = json.loads(cli("status", JOB, "--json").out)
+    assert "busbwGbps" not in report
+    (state,) = report["nodes"]
+    assert (state["module"], state["last_step"], state["busbw_gbps"]) == ("training", 20, None)

@@ -20,7 +20,8 @@ REPO = Path(__file__).resolve().parents[2]
 PY39 = Path("/root/.pyenv/versions/3.9.18/bin/python3.9")
 
 # Stands in for /opt/pytorch/bin/python: records how torchrun would have been called, prints trainer step
-# lines and behaves as FAKE_MODE (set through the training env file, which proves the file is sourced) says.
+# lines (or, for training.commcheck, its all_reduce lines as training/commcheck.py prints them) and behaves
+# as FAKE_MODE (set through the training env file, which proves the file is sourced) says.
 FAKE_PYTHON = """\
 #!{python}
 import json, os, signal, subprocess, sys, time
@@ -29,8 +30,18 @@ with open(os.environ["FAKE_RECORD"], "w") as f:
                "env": {{k: os.environ.get(k) for k in ("FI_PROVIDER", "NCCL_DEBUG", "PYTHONPATH",
                                                        "CLUSTER_JOB_ID", "PYTHONUNBUFFERED")}}}}, f)
 mode = os.environ["FAKE_MODE"]
-for step in (10, 20):
-    print(json.dumps({{"event": "step", "step": step, "loss": 3.0 - step / 10}}), flush=True)
+if "training.commcheck" in sys.argv:
+    for size, busbw in ((67108864, 301.5), (1073741824, 452.25)):
+        print(json.dumps({{"event": "allreduce", "size_bytes": size, "dtype": "bfloat16", "ranks": 16,
+                          "backend": "nccl", "time_ms": 1.0, "algbw_gbps": busbw / 1.875,
+                          "busbw_gbps": busbw}}), flush=True)
+    print(json.dumps({{"event": "allreduce_summary", "backend": "nccl", "dtype": "bfloat16", "ranks": 16,
+                      "nodes": 2, "sizes_bytes": [67108864, 1073741824], "largest_size_bytes": 1073741824,
+                      "busbw_gbps": 452.25, "peak_busbw_gbps": 452.25, "min_busbw_gbps": 350.0,
+                      "passed": True}}), flush=True)
+else:
+    for step in (10, 20):
+        print(json.dumps({{"event": "step", "step": step, "loss": 3.0 - step / 10}}), flush=True)
 if mode == "exit":
     print("[rank0]: something went wrong", flush=True)
     sys.exit(int(os.environ["FAKE_EXIT_CODE"]))
@@ -185,6 +196,78 @@ def test_start_runs_torchrun_detached_and_status_reports_the_last_step(node_fact
     assert cancelled["lastStep"] == 25  # the step the trainer logged while handling SIGTERM
     assert "checkpoint saved after SIGTERM" in node.log("j-20261120-231502-ab12")
     assert not pid_alive(start_out["pid"])
+
+
+def start_commcheck(node, job_id, *extra, check=True):
+    return node.cli("start", "--job-id", job_id, "--module", "training.commcheck", "--nodes", "2",
+                    "--gpus-per-node", "8", "--rendezvous-host", "10.0.1.17", "--max-restarts", "0", *extra,
+                    check=check)
+
+
+def test_commcheck_job_runs_the_check_module_with_options_and_status_reports_busbw(node_factory):
+    node = node_factory("exit", exit_code=0)
+    start_commcheck(node, "j-cc-1", "--overrides", "sizes_mib=64,1024 min_busbw_gbps=350 dtype=bfloat16",
+                    check=False)  # may already see the end: the stand-in exits at once
+    node.wait_state("j-cc-1", "succeeded")
+    record = json.loads(node.record.read_text())
+    assert record["argv"] == [
+        "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "8", "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", "10.0.1.17:29400", "--rdzv-id", "j-cc-1", "--max-restarts", "0",
+        "-m", "training.commcheck",
+        "--sizes-mib", "64,1024", "--min-busbw-gbps", "350", "--dtype", "bfloat16",
+    ]  # no --config, --resume or checkpoint.dir
+    spec = json.loads((node.root / "var/lib/cluster/jobs/j-cc-1/job.json").read_text())
+    assert spec["module"] == "training.commcheck"
+    status = json.loads(node.cli("status", "--job-id", "j-cc-1").stdout)
+    assert status["module"] == "training.commcheck"
+    assert (status["busbwGbps"], status["busbwSizeBytes"]) == (452.25, 1073741824)
+    assert status["lastStep"] is None and status["state"] == "succeeded"
+
+
+def test_training_status_keeps_its_fields_and_names_its_module(node_factory):
+    node = node_factory("exit", exit_code=0)
+    node.start("j-tr-1", check=False)
+    node.wait_state("j-tr-1", "succeeded")
+    status = json.loads(node.cli("status", "--job-id", "j-tr-1").stdout)
+    assert (status["module"], status["lastStep"]) == ("training", 20)
+    assert "busbwGbps" not in status
+
+
+def test_busbw_is_the_summarys_once_printed_and_the_newest_sizes_before():
+    first = '[rank0]: {"event": "allreduce", "size_bytes": 67108864, "busbw_gbps": 301.5}\n'
+    summary = ('{"event": "allreduce_summary", "largest_size_bytes": 1073741824, "busbw_gbps": 452.25, '
+               '"passed": null}\n')
+    assert jobs.find_busbw("NCCL INFO Using network Libfabric\n") is None
+    assert jobs.find_busbw(first) == {"busbwGbps": 301.5, "busbwSizeBytes": 67108864}
+    assert jobs.find_busbw(first + summary + "[node_bootstrap.jobs] exit code 0\n") == {
+        "busbwGbps": 452.25, "busbwSizeBytes": 1073741824}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--config", "training/configs/tiny.toml"], "config='training/configs/tiny.toml': allowed: empty"),
+        (["--overrides", "optim.lr=3e-4"], "overrides item 'optim.lr=3e-4': allowed for training.commcheck"),
+        (["--overrides", "iters=$(id)"], "overrides item 'iters=$(id)'"),
+    ],
+)
+def test_commcheck_start_rejects_training_arguments(node_factory, args, message):
+    node = node_factory("exit")
+    result = start_commcheck(node, "j-cc-bad-1", *args, check=False)
+    assert result.returncode == jobs.EXIT_USAGE
+    assert message in result.stderr
+    assert not (node.root / "var/lib/cluster/jobs").exists()
+
+
+def test_start_rejects_an_unknown_module_and_a_training_job_without_config(node_factory):
+    node = node_factory("exit")
+    unknown = node.cli("start", "--job-id", "j-m-1", "--module", "os", "--nodes", "1", "--gpus-per-node", "8",
+                       "--rendezvous-host", "10.0.0.1", check=False)
+    assert unknown.returncode == jobs.EXIT_USAGE and "--module: invalid choice: 'os'" in unknown.stderr
+    no_config = node.cli("start", "--job-id", "j-m-2", "--nodes", "1", "--gpus-per-node", "8",
+                         "--rendezvous-host", "10.0.0.1", check=False)
+    assert no_config.returncode == jobs.EXIT_USAGE and "config='': allowed: a .toml path" in no_config.stderr
+    assert not (node.root / "var/lib/cluster/jobs").exists()
 
 
 def test_failed_job_records_its_exit_code(node_factory):
