@@ -65,6 +65,17 @@ def train(cfg: TrainConfig, *, resume: str = "auto") -> TrainResult:
 def _build_and_train(cfg: TrainConfig, resume: str, stop: StopRequest) -> TrainResult:
     # 1) process group and device: nccl on CUDA (plus gloo for CPU tensors), gloo on the CPU
     dist_info = init_distributed()
+    try:
+        return _train_in_group(cfg, resume, stop, dist_info)
+    except ConfigError:
+        # A start-up check every rank fails alike (a --resume path that is no checkpoint, unreadable shards):
+        # tear the group down before the error reaches the CLI, or the interpreter can abort at exit on the
+        # process group's still-running threads ("terminate called without an active exception").
+        destroy_distributed()
+        raise
+
+
+def _train_in_group(cfg: TrainConfig, resume: str, stop: StopRequest, dist_info: DistInfo) -> TrainResult:
     device = dist_info.device
     log.info("rank %d/%d pid %d device %s", dist_info.rank, dist_info.world_size, os.getpid(), device)
 
