@@ -1,9 +1,9 @@
 """The node config keys jobs need, read from the node config JSON with paths resolved under a root."""
 
-import json
 import os
 from dataclasses import dataclass
 
+from node_bootstrap.config import ConfigError, load_node_config
 from node_bootstrap.jobs.errors import EXIT_USAGE, JobError
 
 DEFAULT_NODE_CONFIG = "/etc/cluster/node-config.json"
@@ -30,44 +30,21 @@ class JobSettings:
 
 
 def load_settings(root: str = "/", node_config: str = DEFAULT_NODE_CONFIG) -> JobSettings:
-    path = under_root(root, node_config)
+    """The job keys of the node config, read and validated by node_bootstrap.config (the one loader of the
+    contract), with node paths resolved under `root`."""
     try:
-        with open(path) as f:
-            config = json.load(f)
-    except OSError as e:
-        raise JobError(f"cannot read node config {path}: {e.strerror}", EXIT_USAGE) from None
-    except ValueError as e:
-        raise JobError(f"node config {path} is not valid JSON: {e}", EXIT_USAGE) from None
-
-    kind_names = {int: "an integer", str: "a string"}
-
-    def get(section: str, key: str, kind: type) -> object:
-        value = config.get(section, {}).get(key) if isinstance(config.get(section), dict) else None
-        if not isinstance(value, kind) or isinstance(value, bool):
-            raise JobError(
-                f"node config {path}: {section}.{key}={value!r}: expected {kind_names[kind]}",
-                EXIT_USAGE,
-            )
-        return value
-
-    def node_path(section: str, key: str) -> str:
-        value = str(get(section, key, str))
-        if not value.startswith("/"):
-            raise JobError(f"node config {path}: {section}.{key}={value!r}: expected an absolute path",
-                           EXIT_USAGE)
-        return under_root(root, value)
-
-    port = int(get("training", "rendezvousPort", int))  # type: ignore[call-overload]
-    if not 1 <= port <= 65535:
-        raise JobError(f"node config {path}: training.rendezvousPort={port}: expected 1-65535", EXIT_USAGE)
+        config = load_node_config(under_root(root, node_config))
+    except ConfigError as e:
+        raise JobError(str(e), EXIT_USAGE) from None
+    training = config.training
     return JobSettings(
         root=root,
-        python=node_path("training", "python"),
-        bundle_dir=node_path("training", "bundleDir"),
-        env_file=node_path("training", "envFile"),
-        jobs_dir=node_path("training", "jobsDir"),
-        job_log_dir=node_path("training", "jobLogDir"),
-        checkpoint_root=node_path("training", "checkpointRoot"),
-        rendezvous_port=port,
-        log_group_name=str(get("logging", "logGroupName", str)),
+        python=under_root(root, training.python),
+        bundle_dir=under_root(root, training.bundle_dir),
+        env_file=under_root(root, training.env_file),
+        jobs_dir=under_root(root, training.jobs_dir),
+        job_log_dir=under_root(root, training.job_log_dir),
+        checkpoint_root=under_root(root, training.checkpoint_root),
+        rendezvous_port=training.rendezvous_port,
+        log_group_name=config.logging.log_group_name,
     )

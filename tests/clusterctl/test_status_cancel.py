@@ -16,6 +16,7 @@ from clusterctl.aws import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from clusterctl.jobs import NodeJobState, nodes_on_tcp
 
 REPO = Path(__file__).resolve().parents[2]
+GOLDEN_NODE_CONFIG = REPO / "tests" / "cluster_constructs" / "golden" / "node-config.json"
 JOB = "j-20261120-231502-ab12"
 COMMAND_ID = "11111111-2222-3333-4444-555555555555"
 START_ID = "99999999-2222-3333-4444-555555555555"
@@ -56,22 +57,8 @@ class FakeNode:
     def __init__(self, root: Path, mode: str, exit_code: int = 0, nccl_network: str = "", rank0: bool = False):
         self.root = root
         (root / "etc/cluster").mkdir(parents=True)
-        (root / "etc/cluster/node-config.json").write_text(
-            json.dumps(
-                {
-                    "logging": {"logGroupName": "/training-cluster/TrainingClusterStack"},
-                    "training": {
-                        "bundleDir": "/opt/cluster/bundle",
-                        "envFile": "/etc/cluster/training.env",
-                        "python": "/opt/pytorch/bin/python",
-                        "jobsDir": "/var/lib/cluster/jobs",
-                        "jobLogDir": "/var/log/cluster/jobs",
-                        "checkpointRoot": "/fsx/checkpoints",
-                        "rendezvousPort": 29400,
-                    },
-                }
-            )
-        )
+        # the node config the stack renders (its golden file): the launcher reads the real contract
+        (root / "etc/cluster/node-config.json").write_text(GOLDEN_NODE_CONFIG.read_text())
         (root / "etc/cluster/training.env").write_text(
             f"FAKE_MODE={mode}\nFAKE_EXIT_CODE={exit_code}\nFAKE_NCCL_NETWORK={nccl_network}\n"
             f"FAKE_RANK0={int(rank0)}\n"

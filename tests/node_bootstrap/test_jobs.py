@@ -17,6 +17,7 @@ import pytest
 from node_bootstrap import jobs
 
 REPO = Path(__file__).resolve().parents[2]
+GOLDEN_NODE_CONFIG = Path(__file__).parents[1] / "cluster_constructs" / "golden" / "node-config.json"
 PY39 = Path("/root/.pyenv/versions/3.9.18/bin/python3.9")
 
 # Stands in for /opt/pytorch/bin/python: records how torchrun would have been called, prints trainer step
@@ -88,14 +89,8 @@ class Node:
         self.root = root
         self.interpreter = interpreter
         self.record = root / "record.json"
-        config = {
-            "schemaVersion": 1,
-            "logging": {"logGroupName": "/training-cluster/TrainingClusterStack"},
-            "training": {"bundleDir": "/opt/cluster/bundle", "envFile": "/etc/cluster/training.env",
-                         "python": "/opt/pytorch/bin/python", "jobsDir": "/var/lib/cluster/jobs",
-                         "jobLogDir": "/var/log/cluster/jobs", "checkpointRoot": "/fsx/checkpoints",
-                         "dataRoot": "/fsx/data", "rendezvousPort": 29400},
-        }
+        # the node config the stack renders (its golden file), so the launcher reads the real contract
+        config = json.loads(GOLDEN_NODE_CONFIG.read_text())
         (root / "etc/cluster").mkdir(parents=True)
         (root / "etc/cluster/node-config.json").write_text(json.dumps(config))
         (root / "etc/cluster/training.env").write_text(
@@ -352,15 +347,16 @@ def test_start_rejects_bad_values_before_touching_anything(node_factory, args, m
 
 def test_node_config_errors_name_the_key(tmp_path):
     (tmp_path / "etc/cluster").mkdir(parents=True)
-    (tmp_path / "etc/cluster/node-config.json").write_text(json.dumps(
-        {"logging": {"logGroupName": "g"},
-         "training": {"python": "/opt/pytorch/bin/python", "rendezvousPort": "29400"}}))
-    with pytest.raises(jobs.JobError, match=r"training\.rendezvousPort='29400': expected an integer"):
-        jobs.load_settings(str(tmp_path))
-    config = json.loads((tmp_path / "etc/cluster/node-config.json").read_text())
-    config["training"]["rendezvousPort"] = 29400
+    config = json.loads(GOLDEN_NODE_CONFIG.read_text())
+    config["training"]["rendezvousPort"] = "29400"
     (tmp_path / "etc/cluster/node-config.json").write_text(json.dumps(config))
-    with pytest.raises(jobs.JobError, match=r"training\.bundleDir=None: expected a string"):
+    wrong_type = r'training\.rendezvousPort="29400" has the wrong type; allowed: an integer'
+    with pytest.raises(jobs.JobError, match=wrong_type):
+        jobs.load_settings(str(tmp_path))
+    config["training"]["rendezvousPort"] = 29400
+    del config["training"]["bundleDir"]
+    (tmp_path / "etc/cluster/node-config.json").write_text(json.dumps(config))
+    with pytest.raises(jobs.JobError, match=r"missing key training\.bundleDir in the node config"):
         jobs.load_settings(str(tmp_path))
     with pytest.raises(jobs.JobError, match="cannot read node config"):
         jobs.load_settings(str(tmp_path / "missing"))

@@ -100,3 +100,22 @@ def test_the_embedded_default_trains_as_one_process_without_torchrun(tmp_path):
     assert [r["step"] for r in records] == [1, 10, 20]
     assert records[-1]["loss"] < records[0]["loss"]
     assert (tmp_path / "step-20" / "train_state.json").is_file()
+
+
+@pytest.mark.slow
+def test_the_default_config_trains_on_byte_shards_from_prepare(tmp_path):
+    # README: `python -m training.prepare` with the byte tokenizer, then the embedded default on those shards
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(3):
+        (corpus / f"doc{i}.txt").write_text("the quick brown fox jumps over the lazy dog. " * 100)
+    shards = tmp_path / "shards"
+    prepared = subprocess.run([sys.executable, "-m", "training.prepare", "--input", str(corpus), "--output",
+                               str(shards)], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert prepared.returncode == 0, prepared.stderr
+    proc = run_cli("--set", "data.source=shards", "--set", f"data.path={shards}", "--set", "run.steps=10",
+                   "--set", "run.log_interval_steps=10")
+    assert proc.returncode == 0, proc.stderr  # the tiny preset's vocabulary (320) holds the byte ids (257)
+    records = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [r["step"] for r in records] == [1, 10]
+    assert records[-1]["loss"] < records[0]["loss"]
