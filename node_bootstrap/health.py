@@ -3,7 +3,7 @@
 Checks, each ok / warn / fail (only a fail makes the node unhealthy):
 - gpu-count: nvidia-smi lists the catalog's GPU count;  gpu-memory: each GPU has the catalog's memory;
 - gpu-ecc: no uncorrectable ECC errors since the driver loaded; gpu-row-remap: no pending or failed row remap;
-- xid: no Xid that means the node must be replaced (application Xids only warn);
+- xid: no Xid whose verdict in xid.py is reset or replace (application and watch Xids only warn);
 - efa: `fi_info -p efa` lists the catalog's EFA device count.
 """
 
@@ -24,7 +24,7 @@ from node_bootstrap.gpu import (
 )
 from node_bootstrap.plan import StepError, StepPlan
 from node_bootstrap.runner import Runner
-from node_bootstrap.xid import APPLICATION, REPLACE_NODE, XidEvent, parse_xid_events
+from node_bootstrap.xid import APP, IGNORE, UNUSABLE_ACTIONS, XidEvent, parse_xid_lines
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 GPU_MEMORY_TOLERANCE = 0.95  # nvidia-smi reports slightly less than the marketing size (H100 80GB: 81559 MiB)
@@ -63,8 +63,8 @@ class HealthReport:
             "instanceType": self.instance_type,
             "checks": [{"name": c.name, "status": c.status, "detail": c.detail} for c in self.checks],
             "xidEvents": [
-                {"xid": e.xid, "pciBusId": e.pci_bus_id, "severity": e.severity, "meaning": e.meaning,
-                 "message": e.message}
+                {"code": e.code, "pciBusId": e.pci_bus_id, "action": e.verdict.action,
+                 "reason": e.verdict.reason, "message": e.message}
                 for e in self.xid_events
             ],
         }, indent=2)
@@ -185,15 +185,17 @@ def _check_xids(runner: Runner, checks: list[Check]) -> list[XidEvent]:
     if not result.ok:
         checks.append(Check("xid", WARN, "kernel log not readable: " + result.describe_failure()))
         return []
-    events = parse_xid_events(result.stdout)
-    fatal = [e for e in events if e.severity == REPLACE_NODE]
-    app = [e for e in events if e.severity == APPLICATION]
-    other = [e for e in events if e.severity not in (REPLACE_NODE, APPLICATION)]
-    if fatal:
-        checks.append(Check("xid", FAIL, "node must be replaced: " + _summarize(fatal)))
-    elif app or other:
+    events = parse_xid_lines(result.stdout)
+    # The table in xid.py decides: a reset- or replace-class Xid since boot means the node cannot take jobs.
+    unusable = [e for e in events if e.verdict.action in UNUSABLE_ACTIONS]
+    app = [e for e in events if e.verdict.action == APP]
+    watch = [e for e in events if e.verdict.action not in UNUSABLE_ACTIONS and e.verdict.action != APP
+             and e.verdict.action != IGNORE]
+    if unusable:
+        checks.append(Check("xid", FAIL, "node unusable: " + _summarize(unusable)))
+    elif app or watch:
         parts = (["application faults: " + _summarize(app)] if app else []) + (
-            ["unclassified: " + _summarize(other)] if other else [])
+            ["recorded: " + _summarize(watch)] if watch else [])
         checks.append(Check("xid", WARN, "; ".join(parts)))
     else:
         checks.append(Check("xid", OK, "no Xid events since boot"))
