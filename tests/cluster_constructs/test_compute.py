@@ -171,7 +171,22 @@ def test_node_role_permissions_are_scoped(p5):
         "arn:aws:logs:us-east-1:111122223333:log-group:/training-cluster/Test:log-stream:*",
     ]
     wildcard = [s for s in _statements(template) if s["Resource"] == "*"]
-    assert {json.dumps(s["Action"]) for s in wildcard} == {'"cloudwatch:PutMetricData"', '"ec2:DescribeTags"'}
+    assert {json.dumps(s["Action"]) for s in wildcard} == {
+        '"cloudwatch:PutMetricData"', '"ec2:DescribeTags"', '"autoscaling:DescribeTags"'}
+    # Protected mode: its own group's tags (these keys only) and its ReplaceUnhealthy process.
+    group_tags = by_action[json.dumps(["autoscaling:CreateOrUpdateTags", "autoscaling:DeleteTags"])]
+    assert group_tags["Resource"] == health["Resource"]
+    assert group_tags["Condition"] == {"ForAllValues:StringLike": {"aws:TagKeys": [
+        "cluster:bootstrap-failure:*", "cluster:bootstrap-last-success", "cluster:protected"]}}
+    assert by_action[json.dumps("autoscaling:SuspendProcesses")]["Resource"] == health["Resource"]
+
+
+def test_group_tag_keys_match_what_the_nodes_write():
+    from cluster_constructs.compute import GROUP_TAG_KEY_PATTERNS
+    from node_bootstrap import protection
+
+    assert GROUP_TAG_KEY_PATTERNS == [protection.FAILURE_TAG_PREFIX + "*", protection.LAST_SUCCESS_TAG,
+                                      protection.PROTECTED_TAG]
 
 
 def test_odcr_is_targeted_by_the_group_reservations_only():

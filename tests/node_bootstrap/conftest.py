@@ -35,11 +35,12 @@ def fixture_text(name: str) -> str:
 def node_config_dict(**overrides) -> dict:
     """The node config the stack renders for p5.48xlarge (docs/architecture.md section 2)."""
     config = {
-        "schemaVersion": 1,
+        "schemaVersion": 2,
         "stackName": "TrainingClusterStack",
         "region": REGION,
         "instanceType": "p5.48xlarge",
-        "expected": {"gpuCount": 8, "gpuMemoryGiB": 80, "efaInterfaceCount": 32, "nvmeDeviceCount": 8},
+        "expected": {"gpuCount": 8, "gpuMemoryGiB": 80, "efaInterfaceCount": 32, "nvmeDeviceCount": 8,
+                     "nvswitch": True},
         "scratch": {"mountPoint": "/scratch", "dlamiMountPoint": "/opt/dlami/nvme"},
         "lustre": {"dnsName": "fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com", "mountName": "abcdefgh",
                    "mountPoint": "/fsx", "efaEnabled": False},
@@ -48,6 +49,8 @@ def node_config_dict(**overrides) -> dict:
                      "python": "/opt/pytorch/bin/python", "jobsDir": "/var/lib/cluster/jobs",
                      "jobLogDir": "/var/log/cluster/jobs", "checkpointRoot": "/fsx/checkpoints",
                      "dataRoot": "/fsx/data", "rendezvousPort": 29400},
+        "bootstrap": {"deadlineSeconds": 1200, "autoScalingGroupName": "TrainingClusterStack-nodes",
+                      "protectedModeFailures": 3, "protectedModeWindowSeconds": 3600},
     }
     for dotted, value in overrides.items():
         section, _, key = dotted.partition(".")
@@ -90,6 +93,45 @@ class FakeRunner(Runner):
 
 
 @dataclass
+class FakeGroup:
+    """The node's Auto Scaling group as `aws autoscaling` and `aws cloudwatch` see it (shared between nodes)."""
+
+    name: str = "TrainingClusterStack-nodes"
+    tags: dict = field(default_factory=dict)  # key -> value
+    suspended: list = field(default_factory=list)
+    metrics: list = field(default_factory=list)  # (metric name, value)
+    fail_calls: set = field(default_factory=set)  # "autoscaling suspend-processes", ... answer AccessDenied
+
+    def handle(self, service, op, argv):
+        if f"{service} {op}" in self.fail_calls:
+            return 254, "", f"An error occurred (AccessDenied) when calling the {op} operation"
+        if (service, op) == ("autoscaling", "create-or-update-tags"):
+            for tag in json.loads(argv[argv.index("--tags") + 1]):
+                assert tag["ResourceId"] == self.name and tag["PropagateAtLaunch"] is False
+                assert len(tag["Value"]) <= 256
+                self.tags[tag["Key"]] = tag["Value"]
+            return 0, ""
+        if (service, op) == ("autoscaling", "delete-tags"):
+            for tag in json.loads(argv[argv.index("--tags") + 1]):
+                self.tags.pop(tag["Key"], None)
+            return 0, ""
+        if (service, op) == ("autoscaling", "describe-tags"):
+            assert argv[argv.index("--filters") + 1] == f"Name=auto-scaling-group,Values={self.name}"
+            tags = [{"ResourceId": self.name, "ResourceType": "auto-scaling-group", "Key": k, "Value": v,
+                     "PropagateAtLaunch": False} for k, v in sorted(self.tags.items())]
+            return 0, json.dumps({"Tags": tags})
+        if (service, op) == ("autoscaling", "suspend-processes"):
+            assert argv[argv.index("--auto-scaling-group-name") + 1] == self.name
+            self.suspended.append(argv[argv.index("--scaling-processes") + 1])
+            return 0, ""
+        if (service, op) == ("cloudwatch", "put-metric-data"):
+            assert argv[argv.index("--dimensions") + 1] == f"AutoScalingGroupName={self.name}"
+            self.metrics.append((argv[argv.index("--metric-name") + 1], int(argv[argv.index("--value") + 1])))
+            return 0, ""
+        return None
+
+
+@dataclass
 class MdArray:
     name: str
     kernel_name: str
@@ -115,6 +157,7 @@ class FakeNode:
     remap_csv: str = "nvidia-smi-query-remapped-rows.p5.csv"
     fi_info_txt: str = "fi_info-efa-rdm.p5.txt"
     kernel_log: str = "journal-kernel-clean.txt"
+    group: FakeGroup = field(default_factory=FakeGroup)
 
     # ----- building the machine -----
     def path(self, node_path: str) -> str:
@@ -253,6 +296,9 @@ class FakeNode:
         if (service, op) == ("autoscaling", "set-instance-health"):
             self.health_status = argv[argv.index("--health-status") + 1]
             return 0, ""
+        answer = self.group.handle(service, op, argv)
+        if answer is not None:
+            return answer
         raise AssertionError(f"unexpected aws call {argv}")
 
     def python(self, argv):
