@@ -118,7 +118,8 @@ def run_bootstrap(node: Node, steps: Sequence[str]) -> int:
         watchdog = Watchdog(node.config.bootstrap.deadline_seconds, on_deadline,
                             what=lambda: f"step {state['step']}").start()
     try:
-        reason, key = _run_steps(node, steps, planners, state, warnings)
+        reason, key = _run_steps(node, steps, planners, state, warnings,
+                                 stop=watchdog.fired if watchdog is not None else None)
     finally:
         if watchdog is not None:
             watchdog.stop()
@@ -133,9 +134,14 @@ def run_bootstrap(node: Node, steps: Sequence[str]) -> int:
     return _signal_failure(node, steps, reason, key)
 
 
-def _run_steps(node: Node, steps: Sequence[str], planners, state: dict, warnings: list[str]):
-    """(None, None) when every fatal step succeeded, else (reason, protected-mode key) of the first failure."""
+def _run_steps(node: Node, steps: Sequence[str], planners, state: dict, warnings: list[str],
+               stop: threading.Event | None = None):
+    """(None, None) when every fatal step succeeded, else (reason, protected-mode key) of the first failure.
+
+    `stop` is the watchdog's: once it fired, no further step runs (the node is already marked failed)."""
     for step in steps:
+        if stop is not None and stop.is_set():
+            return f"deadline: stopped before step {step}", "deadline:" + state["step"]
         state["step"] = step
         LOG.info("== %s", step)
         try:

@@ -75,7 +75,7 @@ class Watchdog:
             return
         self.fired.set()
         what = self._what()
-        LOG.error("bootstrap deadline of %.0f s passed while in %s", self.seconds, what)
+        LOG.error("bootstrap deadline of %s s passed while in %s", self.seconds, what)
         try:
             self._on_expire(what)
         except Exception:  # the watchdog must never die silently: log and let on_expire's caller decide

@@ -412,6 +412,6 @@ def kit():
     from types import SimpleNamespace
     return SimpleNamespace(
         fixture_text=fixture_text, node_config_dict=node_config_dict, FakeRunner=FakeRunner,
-        FakeImds=FakeImds,
+        FakeImds=FakeImds, build_fake_node=build_fake_node,
         INSTANCE_ID=INSTANCE_ID, REGION=REGION, KERNEL=KERNEL, SITE_PACKAGES=SITE_PACKAGES, FIXTURES=FIXTURES,
     )
