@@ -86,7 +86,7 @@ def select_steps(only: Sequence[str] = (), skip: Sequence[str] = ()) -> list[str
 def _planners(node: Node, warnings: list[str]) -> dict[str, Callable[[], StepPlan]]:
     c, h, r = node.config, node.host, node.runner
     return {
-        "logging": lambda: plan_logging(c, h, r),
+        "logging": lambda: plan_logging(c, h, r, sleep=node.sleep),
         "scratch": lambda: plan_scratch(c, h, r),
         "lustre": lambda: plan_lustre(c, h, r, sleep=node.sleep),
         "health": lambda: plan_health(c.expected, c.instance_type, r),

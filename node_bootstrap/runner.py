@@ -124,6 +124,21 @@ class Runner:
     def mutating_calls(self) -> list[Call]:
         return [c for c in self.calls if c.mutating]
 
+    def run_retried(self, argv: Sequence[str], *, attempts: int, delay_s: float, timeout: float,
+                    sleep: Callable[[float], None] = time.sleep) -> CommandResult:
+        """Run a mutating command until it succeeds, at most `attempts` times, `delay_s` apart (package
+        installs: a repository mirror that times out once usually answers the next time). Raises CommandError
+        with the last failure."""
+        for attempt in range(1, attempts + 1):
+            result = self.run(argv, mutating=True, check=False, timeout=timeout)
+            if result.ok:
+                return result
+            if attempt < attempts:
+                LOG.warning("attempt %d of %d failed: %s; retrying in %.0f s", attempt, attempts,
+                            result.describe_failure(), delay_s)
+                self.sleep(delay_s, sleep=sleep)
+        raise CommandError(result)
+
     def sleep(self, seconds: float, sleep: Callable[[float], None] = time.sleep) -> None:
         """Sleep between retries, but never past the deadline (DeadlineExceeded when it has passed)."""
         if self.deadline is not None:

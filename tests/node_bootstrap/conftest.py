@@ -158,6 +158,10 @@ class FakeNode:
     fi_info_txt: str = "fi_info-efa-rdm.p5.txt"
     kernel_log: str = "journal-kernel-clean.txt"
     group: FakeGroup = field(default_factory=FakeGroup)
+    dlami_unit: dict | None = None  # systemctl show properties of dlami-nvme.service; None: not a DLAMI
+    dlami_mounts_on_start: bool = True  # `systemctl start dlami-nvme.service` finishes the AMI's mount
+    daemon_reloads: int = 0
+    units: dict = field(default_factory=lambda: {"nvidia-fabricmanager": "active"})  # is-active answers
 
     # ----- building the machine -----
     def path(self, node_path: str) -> str:
@@ -253,6 +257,47 @@ class FakeNode:
         data = json.loads(fixture_text("nvme-list.p5.json"))
         data["Devices"] = [d for d in data["Devices"] if os.path.exists(self.path(d["DevicePath"]))]
         return 0, json.dumps(data, indent=2)
+
+    def systemctl(self, argv):
+        verb = argv[1]
+        if verb == "show" and argv[2] == "dlami-nvme.service":
+            unit = self.dlami_unit or {"LoadState": "not-found", "ActiveState": "inactive", "SubState": "dead",
+                                       "Result": "success", "UnitFileState": ""}
+            return 0, "".join(f"{k}={v}\n" for k, v in unit.items())
+        if verb == "start" and argv[2] == "dlami-nvme.service":
+            assert self.dlami_unit is not None
+            self.dlami_unit.update(ActiveState="active", SubState="exited")
+            if self.dlami_mounts_on_start:
+                self.add_mount("/dev/mapper/vg.01-lv_ephemeral", "/opt/dlami/nvme", "ext4",
+                               "rw,noatime,nodiratime")
+            return 0, ""
+        if verb == "daemon-reload":
+            self.daemon_reloads += 1
+            return 0, ""
+        if verb == "is-active":
+            state = self.units.get(argv[-1], "inactive")
+            return (0 if state == "active" else 3), state + "\n"
+        raise AssertionError(f"unexpected systemctl call {argv}")
+
+    def dlami_volume(self, *, mounted: bool, unit_state: str = "active") -> None:
+        """The DLAMI's dlami-nvme.service at work: every instance-store device an LVM physical volume of vg.01,
+        held by the device mapper's vg.01-lv_ephemeral (dm-0), ext4 on it; mounted or (the race) not yet."""
+        Path(self.path("/sys/block/dm-0/dm")).mkdir(parents=True, exist_ok=True)
+        self.write("/sys/block/dm-0/dm/name", "vg.01-lv_ephemeral\n")
+        for i, device in enumerate(self.instance_store_paths(), start=1):
+            self.signatures[device] = {"UUID": f"pv-{i}", "VERSION": "LVM2 001", "TYPE": "LVM2_member"}
+            Path(self.path(f"/sys/block/nvme{i}n1/holders/dm-0")).touch()
+        Path(self.path("/dev/mapper")).mkdir(parents=True, exist_ok=True)
+        Path(self.path("/dev/dm-0")).touch()
+        mapper = Path(self.path("/dev/mapper/vg.01-lv_ephemeral"))
+        if not mapper.is_symlink():
+            mapper.symlink_to("../dm-0")
+        self.signatures[os.path.realpath(str(mapper))] = {"UUID": str(uuid.uuid4()), "TYPE": "ext4"}
+        self.dlami_unit = {"LoadState": "loaded", "ActiveState": unit_state,
+                           "SubState": {"active": "exited", "activating": "start"}.get(unit_state, "dead"),
+                           "Result": "success", "UnitFileState": "enabled"}
+        if mounted:
+            self.add_mount("/dev/mapper/vg.01-lv_ephemeral", "/opt/dlami/nvme", "ext4", "rw,noatime,nodiratime")
 
     def mount(self, argv):
         fstype = argv[argv.index("-t") + 1]
@@ -354,14 +399,14 @@ def build_fake_node(root: Path, *, dry_run: bool = False, instance_store: int = 
         node.add_nvme(f"nvme{i}n1", "Amazon EC2 NVMe Instance Storage",
                       f"nvme-Amazon_EC2_NVMe_Instance_Storage_AWS{0x1F3A5C7E9B2D4F60 + i:016X}")
     if dlami:
-        node.signatures[node.path("/dev/md0")] = {"LABEL": "dlami", "TYPE": "xfs", "UUID": str(uuid.uuid4())}
-        node.add_mount("/dev/md0", "/opt/dlami/nvme", "xfs", "rw,noatime")
+        node.dlami_volume(mounted=True)
     # The bundle user-data unpacked, and the DLAMI's PyTorch interpreter.
     node.write("/opt/cluster/bundle/training/__init__.py", "")
     node.write("/opt/cluster/bundle/node_bootstrap/__init__.py", "")
     node.write("/opt/pytorch/bin/python", "#!/bin/sh\n")
     node.write("/etc/cluster/node-config.json", json.dumps(node_config_dict(), indent=2))
     Path(node.path("/fsx")).mkdir()
+    Path(node.path("/run/systemd/system")).mkdir(parents=True)  # systemd is PID 1, as on a node
 
     runner.on("blkid", node.blkid)
     runner.on("mdadm", node.mdadm)
@@ -372,6 +417,7 @@ def build_fake_node(root: Path, *, dry_run: bool = False, instance_store: int = 
               if node.lustre_module else (1, "", "modinfo: ERROR: Module lustre not found.\n"))
     runner.on("dnf", node.dnf)
     runner.on("nvidia-smi", node.nvidia_smi)
+    runner.on("systemctl", node.systemctl)
     runner.on("fi_info", lambda argv: (0, fixture_text(node.fi_info_txt)))
     runner.on("journalctl", lambda argv: (0, fixture_text(node.kernel_log)))
     runner.on("aws", node.aws)
