@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from stacks.settings import BootstrapSettings, ComputeSettings, StorageSettings
+from node_bootstrap.jobs.spec import STOP_GRACE_SECONDS
+from stacks.settings import BootstrapSettings, ComputeSettings, HealthSettings, StorageSettings
 
-SCHEMA_VERSION = 2  # 2: expected.nvswitch and the bootstrap section (deadline, protected mode)
+# 2: expected.nvswitch and the bootstrap section (deadline, protected mode);
+# 3: the monitor section and the jobs' hang timeouts and stop grace (training.job*Seconds)
+SCHEMA_VERSION = 3
 BUNDLE_DIR = "/opt/cluster/bundle"
 NODE_CONFIG_PATH = "/etc/cluster/node-config.json"
 DLAMI_SCRATCH = (
@@ -34,6 +37,7 @@ def render_node_config(
     log_group_name: str,
     bootstrap: BootstrapSettings,
     auto_scaling_group_name: str,
+    health: HealthSettings,
 ) -> dict[str, Any]:
     """The node config as a JSON-ready dict (values may be CDK tokens)."""
     instance = compute.instance_type
@@ -67,6 +71,9 @@ def render_node_config(
             "checkpointRoot": f"{fsx}/checkpoints",
             "dataRoot": f"{fsx}/data",
             "rendezvousPort": RENDEZVOUS_PORT,
+            "jobHangTimeoutSeconds": health.job_hang_timeout_minutes * 60,
+            "jobStartTimeoutSeconds": health.job_start_timeout_minutes * 60,
+            "jobStopGraceSeconds": STOP_GRACE_SECONDS,
         },
         "bootstrap": {
             "deadlineSeconds": bootstrap.timeout_seconds,
@@ -74,4 +81,5 @@ def render_node_config(
             "protectedModeFailures": bootstrap.protected_mode_failures,
             "protectedModeWindowSeconds": bootstrap.protected_mode_window_minutes * 60,
         },
+        "monitor": {"intervalSeconds": health.check_interval_seconds},
     }

@@ -6,6 +6,7 @@ Order and why:
   lustre    FSx for Lustre at /fsx: training data and checkpoints
   health    the gate: GPUs, ECC, row remapping, Xid, EFA against the catalog
   training  the training package importable in the DLAMI's PyTorch, and the job environment file
+  monitor   the node health monitor's first round, then its systemd timer (monitor/service.py)
   signal    cluster:bootstrap=ready
 Only what makes the node unusable is fatal. A failure in `logging` (the CloudWatch agent) is logged and
 reported on the ready node's `cluster:bootstrap-reason` tag; a failure in any other step stops the sequence,
@@ -34,6 +35,8 @@ from node_bootstrap.health import HealthGateFailed, plan_health
 from node_bootstrap.host import Host
 from node_bootstrap.imds import Imds, ImdsError, InstanceIdentity
 from node_bootstrap.lustre import plan_lustre
+from node_bootstrap.monitor.rounds import run_round
+from node_bootstrap.monitor.service import plan_monitor, require_healthy
 from node_bootstrap.plan import StepError, StepPlan, execute_plan
 from node_bootstrap.readiness import build_reason, plan_ready, signal_failure
 from node_bootstrap.runner import CommandError, Runner
@@ -42,7 +45,7 @@ from node_bootstrap.training_env import plan_training
 
 LOG = logging.getLogger("node_bootstrap")
 
-STEPS = ("logging", "scratch", "lustre", "health", "training", "signal")
+STEPS = ("logging", "scratch", "lustre", "health", "training", "monitor", "signal")
 # Steps whose failure leaves the node usable: logged and reported, never a reason to replace a healthy P5.
 NONFATAL_STEPS = frozenset({"logging"})
 
@@ -91,6 +94,8 @@ def _planners(node: Node, warnings: list[str]) -> dict[str, Callable[[], StepPla
         "lustre": lambda: plan_lustre(c, h, r, sleep=node.sleep),
         "health": lambda: plan_health(c.expected, c.instance_type, r),
         "training": lambda: plan_training(c, h, r),
+        "monitor": lambda: plan_monitor(c, h, r, first_round=lambda: require_healthy(
+            run_round(c, h, r, responder=None, dry_run=node.dry_run))),
         "signal": lambda: plan_ready(node.identity(), r, warnings=warnings,
                                      on_ready=lambda: protection.record_success(node.identity(), r, c.bootstrap)),
     }

@@ -1,4 +1,5 @@
-"""`python3 -m node_bootstrap {run,check}`: the boot sequence, and the node-verification check."""
+"""`python3 -m node_bootstrap {run,check,monitor}`: the boot sequence, the node-verification check, and the
+node health monitor."""
 
 from __future__ import annotations
 
@@ -24,14 +25,18 @@ from node_bootstrap.deadline import Deadline
 from node_bootstrap.health import probe_commands, run_health_checks
 from node_bootstrap.host import Host
 from node_bootstrap.imds import Imds
-from node_bootstrap.logs import LOG_FILE, setup_logging
+from node_bootstrap.logs import LOG_FILE, MONITOR_LOG_FILE, setup_logging
+from node_bootstrap.monitor.command import run_monitor
+from node_bootstrap.monitor.state import STATE_PATH
 from node_bootstrap.runner import Runner
 
 DESCRIPTION = """\
 Bootstrap and verify a GPU training node (stdlib only, Python >= 3.9).
 
-  run    the boot sequence user-data runs: {}
-  check  the health checks alone (GPUs, ECC, row remapping, Xid, EFA): run it before a costly job
+  run      the boot sequence user-data runs: {}
+  check    the health checks alone (GPUs, ECC, row remapping, Xid, EFA): run it before a costly job
+  monitor  the node health monitor: --once runs one round (what its systemd timer runs every
+           monitor.intervalSeconds); an unhealthy node stops its job, tags itself and is replaced
 """.format(", ".join(STEPS))
 
 RUN_EPILOG = f"""\
@@ -40,6 +45,10 @@ tagging failed); 2 usage or node-config error; 3 failed, instance tagged cluster
 Unhealthy. Logs go to stdout and {LOG_FILE}."""
 
 CHECK_EPILOG = "exit status: 0 healthy, 1 unhealthy, 2 usage or node-config error."
+
+MONITOR_EPILOG = f"""\
+exit status: 0 healthy (warnings included), 1 unhealthy (this round or an earlier one), 2 usage, node-config
+or log-file error. Logs go to stdout and {MONITOR_LOG_FILE}; state is kept in {STATE_PATH}."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="python3 -m node_bootstrap", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", metavar="{run,check}")
+    sub = parser.add_subparsers(dest="command", metavar="{run,check,monitor}")
     sub.required = True
 
     run = sub.add_parser("run", parents=[common], help="run the boot sequence", epilog=RUN_EPILOG,
@@ -72,6 +81,21 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--dry-run", action="store_true",
                        help="print the read-only commands the checks would run, without running them")
     check.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+
+    monitor = sub.add_parser(
+        "monitor", parents=[common], help="the node health monitor", epilog=MONITOR_EPILOG,
+        description="Check the node (GPUs, ECC, row remapping, new Xid events, EFA, throttling, NVLink) and, "
+                    "when it is unhealthy, SIGTERM its job, tag it cluster:health=unhealthy, write the finding "
+                    "to CloudWatch Logs and mark it Unhealthy in its Auto Scaling group; warnings are logged "
+                    "and published as the TrainingCluster/NodeHealthWarnings metric.")
+    monitor.add_argument("--once", action="store_true",
+                         help="run one round and exit (what the systemd timer runs); without it, a round every "
+                              "monitor.intervalSeconds until stopped")
+    monitor.add_argument("--dry-run", action="store_true",
+                         help="one round that prints what it would do: read-only probes run, mutating commands "
+                              "are printed, no state is saved")
+    monitor.add_argument("--json", action="store_true", help="print the round's report as JSON")
+    monitor.add_argument("-v", "--verbose", action="store_true", help="also log every command run")
     return parser
 
 
@@ -99,6 +123,8 @@ def main(argv: Sequence[str] | None = None, *, make_runner: Callable[[bool], Run
     runner = make_runner(args.dry_run)
     if args.command == "check":
         return _check(args, config, runner)
+    if args.command == "monitor":
+        return run_monitor(args, config, host, runner, imds or Imds(), sleep=sleep)
     return _run(args, config, host, runner, imds or Imds(), sleep)
 
 

@@ -1,6 +1,7 @@
-"""Step 0, logging: ship the bootstrap log to the stack's CloudWatch log group with the CloudWatch agent.
+"""Step 0, logging: ship the bootstrap log (stream `{instance_id}/bootstrap`) and the node health monitor's
+log (`{instance_id}/health`) to the stack's CloudWatch log group with the CloudWatch agent.
 
-The base agent config holds the bootstrap log only: node_bootstrap.jobs adds each job's log file with
+The base agent config holds these two logs only: node_bootstrap.jobs adds each job's log file with
 `amazon-cloudwatch-agent-ctl -a append-config`, and `-a fetch-config` would drop those, so the config is only
 (re)fetched when this file changes; an agent that is merely stopped is started with `-a start`, which keeps
 every appended config. `{instance_id}` in log_stream_name is expanded by the agent (CloudWatch agent
@@ -16,7 +17,7 @@ from typing import Callable
 
 from node_bootstrap.config import NodeConfig
 from node_bootstrap.host import Host
-from node_bootstrap.logs import LOG_FILE
+from node_bootstrap.logs import LOG_FILE, MONITOR_LOG_FILE
 from node_bootstrap.plan import StepPlan
 from node_bootstrap.runner import Runner
 
@@ -25,25 +26,15 @@ LOG = logging.getLogger("node_bootstrap")
 AGENT_CTL = "/opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-ctl"
 AGENT_CONFIG = "/etc/cluster/cloudwatch-agent.json"
 STREAM_NAME = "{instance_id}/bootstrap"
+MONITOR_STREAM_NAME = "{instance_id}/health"  # the node health monitor's log; it writes findings there too
 
 
 def build_agent_config(log_group_name: str) -> str:
-    config = {
-        "logs": {
-            "logs_collected": {
-                "files": {
-                    "collect_list": [
-                        {
-                            "file_path": LOG_FILE,
-                            "log_group_name": log_group_name,
-                            "log_stream_name": STREAM_NAME,
-                            "timezone": "UTC",
-                        }
-                    ]
-                }
-            }
-        }
-    }
+    collect = [
+        {"file_path": path, "log_group_name": log_group_name, "log_stream_name": stream, "timezone": "UTC"}
+        for path, stream in ((LOG_FILE, STREAM_NAME), (MONITOR_LOG_FILE, MONITOR_STREAM_NAME))
+    ]
+    config = {"logs": {"logs_collected": {"files": {"collect_list": collect}}}}
     return json.dumps(config, indent=2, sort_keys=True) + "\n"
 
 

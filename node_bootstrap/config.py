@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 DEFAULT_CONFIG_PATH = "/etc/cluster/node-config.json"
-SCHEMA_VERSION = 2  # must match cluster_constructs/node_config.py
+SCHEMA_VERSION = 3  # must match cluster_constructs/node_config.py
+
+MIN_MONITOR_INTERVAL_SECONDS = 10  # a round runs nvidia-smi, fi_info and the aws CLI: seconds of work
 
 T = TypeVar("T")
 
@@ -72,6 +74,18 @@ class TrainingConfig:
     checkpoint_root: str
     data_root: str
     rendezvous_port: int
+    job_hang_timeout_seconds: int  # no trainer step for this long: the supervisor stops the job as hung; 0: off
+    job_start_timeout_seconds: int  # ... and this long for the first step after a start or a restart
+    job_stop_grace_seconds: int  # SIGTERM, then SIGKILL after this long (a hung job, systemd's stop)
+
+
+@dataclass(frozen=True)
+class MonitorConfig:
+    interval_seconds: int  # the node health monitor runs a round this often; 0: the monitor is off
+
+    @property
+    def enabled(self) -> bool:
+        return self.interval_seconds > 0
 
 
 @dataclass(frozen=True)
@@ -86,6 +100,7 @@ class NodeConfig:
     logging: LoggingConfig
     training: TrainingConfig
     bootstrap: BootstrapConfig
+    monitor: MonitorConfig
 
 
 def load_node_config(path: str) -> NodeConfig:
@@ -116,6 +131,11 @@ def parse_node_config(data: Any) -> NodeConfig:
     logging_ = r.section("logging")
     training = r.section("training")
     bootstrap = r.section("bootstrap")
+    monitor = r.section("monitor")
+    interval = monitor.integer("intervalSeconds", minimum=0, maximum=3600)
+    if 0 < interval < MIN_MONITOR_INTERVAL_SECONDS:
+        raise ConfigError(f"monitor.intervalSeconds={interval} is out of range; allowed: 0 (off) or an integer "
+                          f"from {MIN_MONITOR_INTERVAL_SECONDS} to 3600")
     return NodeConfig(
         schema_version=version,
         stack_name=r.string("stackName"),
@@ -148,6 +168,9 @@ def parse_node_config(data: Any) -> NodeConfig:
             checkpoint_root=training.abs_path("checkpointRoot"),
             data_root=training.abs_path("dataRoot"),
             rendezvous_port=training.integer("rendezvousPort", minimum=1, maximum=65535),
+            job_hang_timeout_seconds=training.integer("jobHangTimeoutSeconds", minimum=0),
+            job_start_timeout_seconds=training.integer("jobStartTimeoutSeconds", minimum=1),
+            job_stop_grace_seconds=training.integer("jobStopGraceSeconds", minimum=1, maximum=3600),
         ),
         bootstrap=BootstrapConfig(
             deadline_seconds=bootstrap.integer("deadlineSeconds", minimum=60),
@@ -155,6 +178,7 @@ def parse_node_config(data: Any) -> NodeConfig:
             protected_mode_failures=bootstrap.integer("protectedModeFailures", minimum=1, maximum=100),
             protected_mode_window_seconds=bootstrap.integer("protectedModeWindowSeconds", minimum=60),
         ),
+        monitor=MonitorConfig(interval_seconds=interval),
     )
 
 

@@ -91,13 +91,26 @@ def probe_commands(runner: Runner) -> list[tuple[str, ...]]:
 
 
 def run_health_checks(expected: ExpectedHardware, instance_type: str, runner: Runner) -> HealthReport:
+    checks = gpu_checks(expected, runner)
+    events = _check_xids(runner, checks)
+    checks.append(efa_check(expected, runner))
+    return HealthReport(instance_type, tuple(checks), tuple(events))
+
+
+def gpu_checks(expected: ExpectedHardware, runner: Runner) -> list[Check]:
+    """gpu-count, gpu-memory, gpu-ecc and gpu-row-remap: the GPUs' state now (the gate and the monitor)."""
     checks: list[Check] = []
     gpus = _check_gpus(expected, runner, checks)
     if gpus is not None:
         _check_row_remap(runner, checks)
-    events = _check_xids(runner, checks)
+    return checks
+
+
+def efa_check(expected: ExpectedHardware, runner: Runner) -> Check:
+    """efa: the EFA devices libfabric sees now, against the catalog's count (the gate and the monitor)."""
+    checks: list[Check] = []
     _check_efa(expected, runner, checks)
-    return HealthReport(instance_type, tuple(checks), tuple(events))
+    return checks[0]
 
 
 def plan_health(expected: ExpectedHardware, instance_type: str, runner: Runner) -> StepPlan:
@@ -192,10 +205,10 @@ def _check_xids(runner: Runner, checks: list[Check]) -> list[XidEvent]:
     watch = [e for e in events if e.verdict.action not in UNUSABLE_ACTIONS and e.verdict.action != APP
              and e.verdict.action != IGNORE]
     if unusable:
-        checks.append(Check("xid", FAIL, "node unusable: " + _summarize(unusable)))
+        checks.append(Check("xid", FAIL, "node unusable: " + summarize_xid_events(unusable)))
     elif app or watch:
-        parts = (["application faults: " + _summarize(app)] if app else []) + (
-            ["recorded: " + _summarize(watch)] if watch else [])
+        parts = (["application faults: " + summarize_xid_events(app)] if app else []) + (
+            ["recorded: " + summarize_xid_events(watch)] if watch else [])
         checks.append(Check("xid", WARN, "; ".join(parts)))
     else:
         checks.append(Check("xid", OK, "no Xid events since boot"))
@@ -230,7 +243,8 @@ def _kernel_log_command(runner: Runner) -> tuple[str, ...]:
     return KERNEL_LOG_JOURNAL if runner.which("journalctl") is not None else KERNEL_LOG_DMESG
 
 
-def _summarize(events: list[XidEvent]) -> str:
+def summarize_xid_events(events: list[XidEvent]) -> str:
+    """Each distinct event once, in order, for a check's detail."""
     seen = []
     for e in events:
         text = e.describe()

@@ -1,4 +1,5 @@
-"""The bootstrap log: /var/log/cluster/bootstrap.log (shipped to CloudWatch) and stdout (cloud-init's log)."""
+"""The bootstrap log: /var/log/cluster/bootstrap.log (shipped to CloudWatch) and stdout (cloud-init's log);
+the node health monitor's: /var/log/cluster/health-monitor.log (shipped too) and stdout (the journal)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 from node_bootstrap.host import Host
 
 LOG_FILE = "/var/log/cluster/bootstrap.log"
+MONITOR_LOG_FILE = "/var/log/cluster/health-monitor.log"
 _FORMAT = "%(asctime)s %(levelname)s %(message)s"
 _MARK = "_node_bootstrap_handler"
 
@@ -21,17 +23,19 @@ class _UtcFormatter(logging.Formatter):
         return time.strftime("%Y-%m-%dT%H:%M:%SZ", self.converter(record.created))
 
 
-def setup_logging(host: Host, *, to_file: bool, verbose: bool = False) -> logging.Logger:
-    """Log to stdout and, unless `to_file` is False (dry-run), append to the bootstrap log under the root."""
+def setup_logging(host: Host, *, to_file: bool, verbose: bool = False, log_file: str = LOG_FILE,
+                  to_stdout: bool = True) -> logging.Logger:
+    """Log to stdout (unless `to_stdout` is False: output that must stay JSON) and, unless `to_file` is False
+    (dry-run), append to `log_file` under the root."""
     logger = logging.getLogger("node_bootstrap")
     for handler in [h for h in logger.handlers if getattr(h, _MARK, False)]:
         logger.removeHandler(handler)
         handler.close()
     logger.setLevel(logging.DEBUG if verbose else logging.INFO)
     logger.propagate = False
-    handlers = [logging.StreamHandler(sys.stdout)]
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stdout)] if to_stdout else []
     if to_file:
-        path = host.path(LOG_FILE)
+        path = host.path(log_file)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         handlers.append(logging.FileHandler(path, encoding="utf-8"))
     for handler in handlers:

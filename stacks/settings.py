@@ -70,6 +70,9 @@ SETTING_KEYS = (
     "bootstrapTimeoutMinutes",
     "protectedModeFailures",
     "protectedModeWindowMinutes",
+    "healthCheckIntervalSeconds",
+    "jobHangTimeoutMinutes",
+    "jobStartTimeoutMinutes",
     "tags",
 )
 
@@ -158,6 +161,20 @@ class BootstrapSettings:
 
 
 @dataclass(frozen=True)
+class HealthSettings:
+    """The node health monitor and the job supervisor's hang detection (docs/operations.md, "When a node
+    fails")."""
+
+    check_interval_seconds: int  # the node health monitor runs a round this often; 0: the monitor is off
+    job_hang_timeout_minutes: int  # no trainer step for this long: the job is stopped as hung; 0: off
+    job_start_timeout_minutes: int  # the same for the first step after a start or a restart (compile, load)
+
+    @property
+    def monitor_enabled(self) -> bool:
+        return self.check_interval_seconds > 0
+
+
+@dataclass(frozen=True)
 class ClusterSettings:
     region: str
     network: NetworkSettings
@@ -167,6 +184,7 @@ class ClusterSettings:
     observability: ObservabilitySettings
     tags: Mapping[str, str]
     bootstrap: BootstrapSettings
+    health: HealthSettings
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -216,6 +234,7 @@ def load_settings(
         observability=observability,
         tags=tags("tags", context("tags")),
         bootstrap=_bootstrap_settings(context),
+        health=_health_settings(context),
     )
 
 
@@ -354,6 +373,25 @@ def _bootstrap_settings(context: Callable[[str], Any]) -> BootstrapSettings:
             "protectedModeFailures", context("protectedModeFailures"), minimum=1, maximum=100
         ),
         protected_mode_window_minutes=window,
+    )
+
+
+MIN_HEALTH_CHECK_INTERVAL_SECONDS = 10  # must match node_bootstrap/config.py
+
+
+def _health_settings(context: Callable[[str], Any]) -> HealthSettings:
+    interval = integer("healthCheckIntervalSeconds", context("healthCheckIntervalSeconds"), minimum=0, maximum=3600)
+    if 0 < interval < MIN_HEALTH_CHECK_INTERVAL_SECONDS:
+        raise invalid("healthCheckIntervalSeconds", interval,
+                      f"allowed: 0 (the monitor is off) or {MIN_HEALTH_CHECK_INTERVAL_SECONDS} to 3600")
+    hang = integer("jobHangTimeoutMinutes", context("jobHangTimeoutMinutes"), minimum=0, maximum=1440)
+    start = integer("jobStartTimeoutMinutes", context("jobStartTimeoutMinutes"), minimum=1, maximum=1440)
+    if start < hang:
+        raise invalid("jobStartTimeoutMinutes", start,
+                      f"must be >= jobHangTimeoutMinutes={hang}: the first step (compile, checkpoint load) is the "
+                      "slowest")
+    return HealthSettings(
+        check_interval_seconds=interval, job_hang_timeout_minutes=hang, job_start_timeout_minutes=start
     )
 
 

@@ -82,6 +82,7 @@ class TrainingClusterStack(Stack):
             log_group_name=observability.log_group.log_group_name,
             bootstrap=settings.bootstrap,
             auto_scaling_group_name=group_name,
+            health=settings.health,
         )
         user_data = ec2.UserData.custom(
             render_user_data(

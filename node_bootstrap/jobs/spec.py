@@ -12,8 +12,12 @@ from node_bootstrap.jobs.errors import EXIT_USAGE, JobError
 from node_bootstrap.jobs.settings import JobSettings
 
 UNIT_PREFIX = "training-job-"
-STATES = ("running", "succeeded", "failed", "cancelled")
+# hung: the supervisor stopped a job whose trainer logged no step for the hang timeout (progress.py)
+STATES = ("running", "succeeded", "failed", "cancelled", "hung")
 STOP_GRACE_SECONDS = 120  # systemd TimeoutStopSec: SIGTERM to the supervisor, then SIGKILL to the unit
+# Written into the job's directory by whoever stops a job for a reason of its own (the node health monitor,
+# before its SIGTERM): {"by": ..., "reason": ..., "at": ...}; the supervisor records it in the status.
+STOP_REQUEST_FILE = "stop-request.json"
 
 # The SSM document's allowedPatterns (cluster_constructs/jobs.py) are the same expressions: SSM rejects a
 # bad value before anything runs, and this module rejects it again for direct callers.
@@ -94,6 +98,7 @@ class JobFiles:
     status_path: str  # state, exit code, times, pids: written atomically by the supervisor
     spec_path: str  # job.json: the argv and paths the supervisor runs, written by `start`
     supervisor_log: str  # the supervisor's own stderr (direct launcher); systemd keeps it in the journal
+    stop_request_path: str  # STOP_REQUEST_FILE: why someone other than `cancel` stopped the job
     log_path: str  # torchrun's output, shipped to CloudWatch
     unit: str  # systemd unit name
 
@@ -105,6 +110,7 @@ class JobFiles:
             status_path=os.path.join(job_dir, "status.json"),
             spec_path=os.path.join(job_dir, "job.json"),
             supervisor_log=os.path.join(job_dir, "supervisor.log"),
+            stop_request_path=os.path.join(job_dir, STOP_REQUEST_FILE),
             log_path=os.path.join(settings.job_log_dir, job_id + ".log"),
             unit=UNIT_PREFIX + job_id,
         )

@@ -24,6 +24,7 @@ def _rendered(**overrides) -> dict:
         log_group_name="/training-cluster/TrainingClusterStack",
         bootstrap=settings.bootstrap,
         auto_scaling_group_name="TrainingClusterStack-nodes",
+        health=settings.health,
     )
 
 
@@ -60,3 +61,14 @@ def test_bootstrap_section_carries_the_deadline_and_protected_mode_settings():
     }
     parsed = parse_node_config(json.loads(json.dumps(config)))
     assert parsed.bootstrap.deadline_seconds == 1800 and parsed.expected.nvswitch is True
+
+
+def test_health_settings_reach_the_monitor_and_the_job_supervisor():
+    config = _rendered(healthCheckIntervalSeconds="30", jobHangTimeoutMinutes="20", jobStartTimeoutMinutes="45")
+    assert config["monitor"] == {"intervalSeconds": 30}
+    assert (config["training"]["jobHangTimeoutSeconds"], config["training"]["jobStartTimeoutSeconds"]) == (1200, 2700)
+    parsed = parse_node_config(json.loads(json.dumps(config)))
+    assert parsed.monitor.enabled and parsed.monitor.interval_seconds == 30
+    assert parsed.training.job_hang_timeout_seconds == 1200 and parsed.training.job_stop_grace_seconds == 120
+    off = parse_node_config(json.loads(json.dumps(_rendered(healthCheckIntervalSeconds="0"))))
+    assert not off.monitor.enabled

@@ -35,7 +35,7 @@ def fixture_text(name: str) -> str:
 def node_config_dict(**overrides) -> dict:
     """The node config the stack renders for p5.48xlarge (docs/architecture.md section 2)."""
     config = {
-        "schemaVersion": 2,
+        "schemaVersion": 3,
         "stackName": "TrainingClusterStack",
         "region": REGION,
         "instanceType": "p5.48xlarge",
@@ -48,9 +48,11 @@ def node_config_dict(**overrides) -> dict:
         "training": {"bundleDir": "/opt/cluster/bundle", "envFile": "/etc/cluster/training.env",
                      "python": "/opt/pytorch/bin/python", "jobsDir": "/var/lib/cluster/jobs",
                      "jobLogDir": "/var/log/cluster/jobs", "checkpointRoot": "/fsx/checkpoints",
-                     "dataRoot": "/fsx/data", "rendezvousPort": 29400},
+                     "dataRoot": "/fsx/data", "rendezvousPort": 29400, "jobHangTimeoutSeconds": 1800,
+                     "jobStartTimeoutSeconds": 3600, "jobStopGraceSeconds": 120},
         "bootstrap": {"deadlineSeconds": 1200, "autoScalingGroupName": "TrainingClusterStack-nodes",
                       "protectedModeFailures": 3, "protectedModeWindowSeconds": 3600},
+        "monitor": {"intervalSeconds": 60},
     }
     for dotted, value in overrides.items():
         section, _, key = dotted.partition(".")
@@ -157,6 +159,9 @@ class FakeNode:
     remap_csv: str = "nvidia-smi-query-remapped-rows.p5.csv"
     fi_info_txt: str = "fi_info-efa-rdm.p5.txt"
     kernel_log: str = "journal-kernel-clean.txt"
+    throttle_csv: str = "nvidia-smi-query-throttle.p5.csv"
+    nvlink_txt: str = "nvidia-smi-nvlink-status.p5.txt"
+    enabled_units: set = field(default_factory=set)  # systemctl enable
     group: FakeGroup = field(default_factory=FakeGroup)
     dlami_unit: dict | None = None  # systemctl show properties of dlami-nvme.service; None: not a DLAMI
     dlami_mounts_on_start: bool = True  # `systemctl start dlami-nvme.service` finishes the AMI's mount
@@ -277,6 +282,16 @@ class FakeNode:
         if verb == "is-active":
             state = self.units.get(argv[-1], "inactive")
             return (0 if state == "active" else 3), state + "\n"
+        if verb == "is-enabled":
+            return (0, "enabled\n") if argv[-1] in self.enabled_units else (1, "disabled\n")
+        if verb in ("enable", "disable") and argv[2] == "--now":
+            if verb == "enable":
+                self.enabled_units.add(argv[3])
+                self.units[argv[3]] = "active"
+            else:
+                self.enabled_units.discard(argv[3])
+                self.units[argv[3]] = "inactive"
+            return 0, ""
         raise AssertionError(f"unexpected systemctl call {argv}")
 
     def dlami_volume(self, *, mounted: bool, unit_state: str = "active") -> None:
@@ -315,10 +330,14 @@ class FakeNode:
         return 0, ""
 
     def nvidia_smi(self, argv):
+        if argv[1].startswith("--query-gpu=index,pci.bus_id,clocks_event_reasons."):
+            return 0, fixture_text(self.throttle_csv)
         if argv[1].startswith("--query-gpu="):
             return 0, fixture_text(self.gpu_csv)
         if argv[1].startswith("--query-remapped-rows="):
             return 0, fixture_text(self.remap_csv)
+        if argv[1:] == ["nvlink", "--status"]:
+            return 0, fixture_text(self.nvlink_txt)
         raise AssertionError(f"unexpected nvidia-smi call {argv}")
 
     def aws(self, argv):
@@ -389,6 +408,7 @@ def build_fake_node(root: Path, *, dry_run: bool = False, instance_store: int = 
     node = FakeNode(root=root, runner=runner)
     node.write("/proc/mounts", "")
     node.write("/proc/sys/kernel/osrelease", KERNEL + "\n")
+    node.write("/proc/sys/kernel/random/boot_id", "3f1c2b4a-9d8e-4f7a-b6c5-1e2d3c4b5a69\n")
     node.write("/etc/fstab", "UUID=8f1c2d3e-4b5a-6978-8796-a5b4c3d2e1f0 / xfs defaults,noatime 1 1\n")
     # The EBS root volume: an NVMe device too, with a partition, mounted at /.
     node.add_nvme("nvme0n1", "Amazon Elastic Block Store",

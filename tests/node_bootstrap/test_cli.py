@@ -22,7 +22,7 @@ def test_run_brings_a_fresh_node_to_ready_and_logs_every_step(fake_node, kit, ca
     assert fake_node.tags == {"cluster:bootstrap": "ready"}
     assert fake_node.health_status == "Healthy"
     log = (fake_node.root / "var/log/cluster/bootstrap.log").read_text()
-    for step in ("logging", "scratch", "lustre", "health", "training", "signal"):
+    for step in ("logging", "scratch", "lustre", "health", "training", "monitor", "signal"):
         assert f"INFO == {step}\n" in log
     assert "bootstrap complete: node is ready" in log
     assert "bootstrap complete: node is ready" in capsys.readouterr().out  # and on stdout for cloud-init

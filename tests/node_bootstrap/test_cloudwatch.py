@@ -15,12 +15,17 @@ def run_logging(node, config):
     return plan, host
 
 
-def test_agent_config_ships_only_the_bootstrap_log():
+def test_agent_config_ships_the_bootstrap_and_health_monitor_logs():
     config = json.loads(build_agent_config("/training-cluster/TrainingClusterStack"))
     assert config["logs"]["logs_collected"]["files"]["collect_list"] == [{
         "file_path": "/var/log/cluster/bootstrap.log",
         "log_group_name": "/training-cluster/TrainingClusterStack",
         "log_stream_name": "{instance_id}/bootstrap",
+        "timezone": "UTC",
+    }, {
+        "file_path": "/var/log/cluster/health-monitor.log",
+        "log_group_name": "/training-cluster/TrainingClusterStack",
+        "log_stream_name": "{instance_id}/health",
         "timezone": "UTC",
     }]
 

@@ -34,7 +34,7 @@ def test_the_documented_example_loads(kit, tmp_path):
      "scratch.mountPoint='scratch' must be an absolute path"),
     (lambda c: c.update(region=""), "region must be a non-empty string"),
     (lambda c: c.update(schemaVersion=1),
-     "schemaVersion=1 is not supported by this node_bootstrap; allowed: 2"),
+     "schemaVersion=1 is not supported by this node_bootstrap; allowed: 3"),
     (lambda c: c.update(training=[]), "training=[] has the wrong type; allowed: a JSON object"),
     (lambda c: c["training"].update(rendezvousPort=70000), "training.rendezvousPort=70000 is out of range"),
     (lambda c: c["expected"].update(nvmeDeviceCount=True),

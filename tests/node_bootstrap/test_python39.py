@@ -21,7 +21,7 @@ def run39(*args, cwd=REPO):
 
 
 def test_every_module_byte_compiles_with_python39(tmp_path):
-    modules = sorted(str(p) for p in (REPO / "node_bootstrap").glob("*.py"))
+    modules = sorted(str(p) for p in (REPO / "node_bootstrap").rglob("*.py"))
     script = ("import os, py_compile, sys\n"
               "for path in sys.argv[2:]:\n"
               "    py_compile.compile(path, doraise=True, cfile=os.path.join(sys.argv[1], 'm.pyc'))\n")
@@ -54,4 +54,20 @@ def test_run_dry_run_under_python39_prints_a_plan(tmp_path, kit):
     # No bundle under this fake root: the training step stops with a clear reason, and nothing is written.
     assert result.returncode == 1
     assert "the bundle at /opt/cluster/bundle has no training package" in result.stdout
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["cluster", "etc", "node-config.json"]
+
+
+def test_monitor_dry_run_under_python39_reports_and_saves_nothing(tmp_path, kit):
+    """The real runner, no GPU tools here: the round finds the node unhealthy and prints the responses it would
+    make (IMDS is unreachable off EC2: a placeholder instance id), and leaves no state behind."""
+    (tmp_path / "etc/cluster").mkdir(parents=True)
+    (tmp_path / "etc/cluster/node-config.json").write_text(json.dumps(kit.node_config_dict()))
+    result = subprocess.run([PYTHON39, "-m", "node_bootstrap", "monitor", "--once", "--dry-run", "--root",
+                             str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120,
+                            env={"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1",
+                                 "AWS_EC2_METADATA_DISABLED": "true"})
+    assert result.returncode == 1, result.stderr
+    assert "UNHEALTHY since" in result.stdout and "gpu-count: nvidia-smi not found" in result.stdout
+    assert "would run: aws autoscaling set-instance-health --region us-east-1 --instance-id '<instance-id>' " \
+           "--health-status Unhealthy --no-should-respect-grace-period" in result.stdout
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["cluster", "etc", "node-config.json"]

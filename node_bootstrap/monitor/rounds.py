@@ -1,0 +1,94 @@
+"""One round of the monitor: read the state, check the node, remember, respond.
+
+The order makes every round safe to kill at any point: the new kernel-log cursor and a new finding are saved
+before any response runs, so a round that dies mid-response leaves the responses for the next round to
+finish, and never reads the same Xid events twice; after the responses the state is saved again with what
+was done.
+
+`responder=None` is report-only (the bootstrap's first round: the boot sequence signals a failure itself);
+a dry run saves nothing and prints the mutating commands it would run.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from node_bootstrap.config import NodeConfig
+from node_bootstrap.health import FAIL, WARN
+from node_bootstrap.host import Host
+from node_bootstrap.jobs.spec import utc_now
+from node_bootstrap.monitor.actions import RESPONSES, Responder, unhealthy_reason
+from node_bootstrap.monitor.checks import RoundReport, run_round_checks
+from node_bootstrap.monitor.kernel_log import read_new_kernel_log
+from node_bootstrap.monitor.state import MonitorState, Unhealthy, load_state, save_state
+from node_bootstrap.runner import Runner
+
+LOG = logging.getLogger("node_bootstrap")
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    report: RoundReport
+    unhealthy: Unhealthy | None  # this round's finding, or the earlier one the node is still under
+    newly_unhealthy: bool  # this round found it
+
+    @property
+    def pending(self) -> list[str]:
+        """Responses still to do (an unhealthy node only)."""
+        if self.unhealthy is None:
+            return []
+        return [r for r in RESPONSES if r not in self.unhealthy.done]
+
+
+def run_round(config: NodeConfig, host: Host, runner: Runner, responder: Responder | None, *,
+              dry_run: bool = False) -> RoundOutcome:
+    state = load_state(host)
+    kernel_log = read_new_kernel_log(host, runner, state.kernel_log)
+    report = run_round_checks(config.expected, runner, kernel_log)
+    _log_report(report)
+
+    new_state = MonitorState(kernel_log=kernel_log.cursor if kernel_log.ok else state.kernel_log,
+                             unhealthy=state.unhealthy)
+    newly = False
+    if not report.healthy:
+        if new_state.unhealthy is None:
+            new_state.unhealthy = Unhealthy(unhealthy_reason(report.reason()), utc_now())
+            newly = True
+            LOG.error("monitor: node UNHEALTHY: %s", new_state.unhealthy.reason)
+        else:
+            LOG.error("monitor: still unhealthy (found %s: %s)", new_state.unhealthy.since,
+                      new_state.unhealthy.reason)
+    elif new_state.unhealthy is not None:
+        LOG.error("monitor: checks pass now, but this node was found unhealthy at %s (%s): it stays "
+                  "unhealthy until it is replaced", new_state.unhealthy.since, new_state.unhealthy.reason)
+    outcome = RoundOutcome(report, new_state.unhealthy, newly)
+
+    if responder is None:  # report only: the caller acts on the outcome
+        if not dry_run and new_state.unhealthy is None:
+            save_state(host, new_state)
+        return outcome
+    if not dry_run:
+        save_state(host, new_state)
+    if new_state.unhealthy is not None:
+        pending = outcome.pending
+        if pending:
+            responder.respond(new_state.unhealthy)
+        else:
+            LOG.info("monitor: already reported: every response is done (%s)", ", ".join(RESPONSES))
+    responder.publish_metrics(len(report.warnings), unhealthy=new_state.unhealthy is not None)
+    if not dry_run:
+        save_state(host, new_state)
+    return outcome
+
+
+def _log_report(report: RoundReport) -> None:
+    for check in report.checks:
+        if check.status == FAIL:
+            LOG.error("monitor: FAIL %s: %s", check.name, check.detail)
+        elif check.status == WARN:
+            LOG.warning("monitor: WARN %s: %s", check.name, check.detail)
+        else:
+            LOG.debug("monitor: ok %s: %s", check.name, check.detail)
+    if report.healthy:
+        LOG.info("monitor: round done: healthy, %d warning(s)", len(report.warnings))

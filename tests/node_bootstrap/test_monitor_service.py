@@ -1,0 +1,98 @@
+"""The boot sequence's `monitor` step: the first round, then the systemd timer, and only in that order."""
+
+from __future__ import annotations
+
+import json
+
+from node_bootstrap.cli import main
+from node_bootstrap.monitor.service import SERVICE, TIMER
+
+UNITS = "etc/systemd/system"
+
+
+def run_main(node, kit, *args):
+    def make_runner(dry_run):
+        node.runner.dry_run = dry_run
+        return node.runner
+    return main([args[0], "--root", str(node.root), *args[1:]], make_runner=make_runner, imds=kit.FakeImds(),
+                sleep=[].append)
+
+
+def set_interval(node, seconds):
+    config = json.loads((node.root / "etc/cluster/node-config.json").read_text())
+    config["monitor"]["intervalSeconds"] = seconds
+    node.write("/etc/cluster/node-config.json", json.dumps(config))
+
+
+def test_the_timer_is_enabled_after_the_first_round_passed(fake_node, kit):
+    assert run_main(fake_node, kit, "run") == 0
+    commands = fake_node.runner.commands()
+    first_round = commands.index("nvidia-smi nvlink --status")  # the monitor's own probe, not the gate's
+    enable = commands.index(f"systemctl enable --now {TIMER}")
+    reload = len(commands) - 1 - commands[::-1].index("systemctl daemon-reload")  # scratch reloads earlier
+    assert first_round < reload < enable
+    assert fake_node.enabled_units == {TIMER} and fake_node.units[TIMER] == "active"
+    service = (fake_node.root / UNITS / SERVICE).read_text()
+    assert "ExecStart=/usr/bin/python3 -m node_bootstrap monitor --once --config /etc/cluster/node-config.json\n" \
+        in service
+    assert "Environment=PYTHONPATH=/opt/cluster/bundle\n" in service and "Type=oneshot\n" in service
+    timer = (fake_node.root / UNITS / TIMER).read_text()
+    assert "OnUnitActiveSec=60\n" in timer and "WantedBy=timers.target\n" in timer
+    state = json.loads((fake_node.root / "var/lib/cluster/health-monitor/state.json").read_text())
+    assert state["unhealthy"] is None and state["kernelLog"]["source"] == "journal"
+    assert fake_node.tags["cluster:bootstrap"] == "ready"
+    # report-only: the first round published nothing and tagged nothing of its own
+    assert not any("put-metric-data --namespace TrainingCluster --metric-data" in c for c in commands)
+
+
+def test_an_unhealthy_first_round_fails_the_boot_and_enables_nothing(fake_node, kit):
+    fake_node.nvlink_txt = "nvidia-smi-nvlink-status.link-down.txt"  # the gate does not look at NVLink
+    assert run_main(fake_node, kit, "run") == 3
+    assert fake_node.tags["cluster:bootstrap"] == "failed"
+    assert fake_node.tags["cluster:bootstrap-reason"] == (
+        "monitor: health monitor: nvlink: GPU 5: link 7, 8 inactive")
+    assert fake_node.health_status == "Unhealthy"
+    assert not (fake_node.root / UNITS / TIMER).exists() and fake_node.enabled_units == set()
+    assert not (fake_node.root / "var/lib/cluster/health-monitor/state.json").exists()
+
+
+def test_a_second_run_changes_nothing(fake_node, kit):
+    assert run_main(fake_node, kit, "run", "--only", "monitor") == 0
+    fake_node.runner.calls.clear()
+    assert run_main(fake_node, kit, "run", "--only", "monitor") == 0
+    assert fake_node.runner.mutating_calls == []
+
+
+def test_a_changed_interval_rewrites_the_timer(fake_node, kit):
+    assert run_main(fake_node, kit, "run", "--only", "monitor") == 0
+    set_interval(fake_node, 30)
+    fake_node.runner.calls.clear()
+    assert run_main(fake_node, kit, "run", "--only", "monitor") == 0
+    assert "OnUnitActiveSec=30\n" in (fake_node.root / UNITS / TIMER).read_text()
+    assert fake_node.runner.commands(mutating=True) == ["systemctl daemon-reload", f"systemctl enable --now {TIMER}"]
+
+
+def test_interval_zero_turns_the_monitor_off_and_removes_its_units(fake_node, kit):
+    assert run_main(fake_node, kit, "run", "--only", "monitor") == 0
+    set_interval(fake_node, 0)
+    assert run_main(fake_node, kit, "run", "--only", "monitor") == 0
+    assert fake_node.enabled_units == set()
+    assert not (fake_node.root / UNITS / TIMER).exists() and not (fake_node.root / UNITS / SERVICE).exists()
+    fake_node.runner.calls.clear()
+    assert run_main(fake_node, kit, "run", "--only", "monitor") == 0
+    assert fake_node.runner.calls == []  # off, and nothing left to remove
+
+
+def test_dry_run_prints_the_step(fake_node, kit, capsys):
+    assert run_main(fake_node, kit, "run", "--only", "monitor", "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert "[monitor] would run the monitor's first round (report only)" in out
+    assert f"[monitor] would enable and start {TIMER}" in out
+    assert not (fake_node.root / UNITS / TIMER).exists()
+
+
+def test_the_monitor_interval_is_validated_in_the_node_config(fake_node, kit, capsys):
+    set_interval(fake_node, 5)
+    assert run_main(fake_node, kit, "monitor", "--once") == 2
+    assert ("monitor.intervalSeconds=5 is out of range; allowed: 0 (off) or an integer from 10 to 3600"
+            in capsys.readouterr().err)
