@@ -299,7 +299,7 @@ class NodeJobState:
     """One node's view of a job, from node_bootstrap.jobs status/cancel."""
 
     instance_id: str
-    state: str  # running, succeeded, failed, cancelled; not-found (no such job there); unknown (no answer)
+    state: str  # running, succeeded, failed, cancelled, hung; not-found (no such job there); unknown (no answer)
     exit_code: int | None
     last_step: int | None
     last_loss: float | None
@@ -363,9 +363,11 @@ def reported_busbw(states: Sequence[NodeJobState]) -> NodeJobState | None:
 
 
 def overall_state(states: Sequence[NodeJobState]) -> str:
-    """The job's state: running while any node runs; failed if any node failed; succeeded if all did."""
+    """The job's state: running while any node runs; hung if a node's supervisor stopped it for making no
+    progress (the other nodes then fail at their collective timeout); failed if any node failed; succeeded
+    if all did."""
     names = {s.state for s in states}
-    for state in ("running", "failed", "cancelled"):
+    for state in ("running", "hung", "failed", "cancelled"):
         if state in names:
             return state
     if names == {"succeeded"}:

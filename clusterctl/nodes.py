@@ -13,6 +13,8 @@ from clusterctl.aws import EXIT_FAILED, EXIT_STACK, ClusterctlError
 
 BOOTSTRAP_TAG = "cluster:bootstrap"  # running | ready | failed, set by the node's user-data
 BOOTSTRAP_REASON_TAG = "cluster:bootstrap-reason"
+HEALTH_TAG = "cluster:health"  # unhealthy, set by the node health monitor (node_bootstrap/monitor/)
+HEALTH_REASON_TAG = "cluster:health-reason"
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,8 @@ class Node:
     bootstrap: str | None  # the cluster:bootstrap tag, None before user-data has run
     bootstrap_reason: str | None
     launch_time: datetime.datetime | None
+    health_monitor: str | None = None  # the cluster:health tag: None while the monitor finds nothing fatal
+    health_monitor_reason: str | None = None
 
     @property
     def ready(self) -> bool:
@@ -35,6 +39,9 @@ class Node:
     def not_ready_reason(self) -> str | None:
         if self.lifecycle_state != "InService":
             return f"lifecycle {self.lifecycle_state}"
+        if self.health_monitor == "unhealthy":  # before Auto Scaling has acted on it
+            reason = "node health monitor: unhealthy"
+            return f"{reason}: {self.health_monitor_reason}" if self.health_monitor_reason else reason
         if self.health_status != "Healthy":
             return f"health {self.health_status}"
         if self.bootstrap != "ready":
@@ -79,6 +86,8 @@ def list_nodes(autoscaling: Any, ec2: Any, group_name: str) -> list[Node]:
                 bootstrap=tags.get(BOOTSTRAP_TAG),
                 bootstrap_reason=tags.get(BOOTSTRAP_REASON_TAG),
                 launch_time=instance.get("LaunchTime"),
+                health_monitor=tags.get(HEALTH_TAG),
+                health_monitor_reason=tags.get(HEALTH_REASON_TAG),
             )
         )
     return sorted(nodes, key=_ip_order)

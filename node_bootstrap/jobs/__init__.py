@@ -21,8 +21,9 @@ Launchers: `systemd` (systemd-run; the default wherever systemd is PID 1) and `d
 setsid; for containers and tests, where systemd is not running). Both run the same supervisor.
 
 Modules, in dependency order: errors (exit codes, JobError), settings (node config), spec (JobSpec, JobFiles,
-the torchrun argv), logs (the job log to CloudWatch), launch (`start`), supervise (`supervise`), control
-(`status`, `cancel`), cli (the argument parser and main; __main__ runs it). This package re-exports their
+the torchrun argv), logs (the job log to CloudWatch), launch (`start`), control (`status`, `cancel`),
+progress (hang detection from the trainer's step lines), supervise (`supervise`), cli (the argument parser
+and main; __main__ runs it). This package re-exports their
 public names, so `from node_bootstrap import jobs; jobs.JOB_ID_RE` keeps working.
 
 Runs on the node's system Python (>= 3.9), standard library only.
@@ -63,6 +64,7 @@ from node_bootstrap.jobs.logs import (
     build_cloudwatch_config,
     maybe_ship_job_log,
 )
+from node_bootstrap.jobs.progress import ProgressWatch
 from node_bootstrap.jobs.settings import DEFAULT_NODE_CONFIG, JobSettings, load_settings, under_root
 from node_bootstrap.jobs.spec import (
     COMMCHECK_MODULE,
@@ -103,6 +105,7 @@ __all__ = [
     "MODULES",
     "NCCL_NETWORK_ALIASES",
     "OVERRIDE_RE",
+    "ProgressWatch",
     "START_WAIT_SECONDS",
     "STATES",
     "STOP_GRACE_SECONDS",

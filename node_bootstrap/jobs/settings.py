@@ -27,6 +27,9 @@ class JobSettings:
     checkpoint_root: str  # training.checkpointRoot: checkpoints go to <checkpoint_root>/<job id>
     rendezvous_port: int  # training.rendezvousPort: c10d store port on the first node
     log_group_name: str  # logging.logGroupName: where the CloudWatch agent ships the job log
+    hang_timeout_s: float  # training.jobHangTimeoutSeconds: no trainer step for this long -> hung; 0: off
+    start_timeout_s: float  # training.jobStartTimeoutSeconds: the same for the first step after a (re)start
+    stop_grace_s: float  # training.jobStopGraceSeconds: SIGTERM, then SIGKILL after this long
 
 
 def load_settings(root: str = "/", node_config: str = DEFAULT_NODE_CONFIG) -> JobSettings:
@@ -47,4 +50,7 @@ def load_settings(root: str = "/", node_config: str = DEFAULT_NODE_CONFIG) -> Jo
         checkpoint_root=under_root(root, training.checkpoint_root),
         rendezvous_port=training.rendezvous_port,
         log_group_name=config.logging.log_group_name,
+        hang_timeout_s=float(training.job_hang_timeout_seconds),
+        start_timeout_s=float(training.job_start_timeout_seconds),
+        stop_grace_s=float(training.job_stop_grace_seconds),
     )

@@ -1,17 +1,27 @@
 """`supervise`: the process behind a job's systemd unit (or the direct launcher's daemon). It sources the
 training env file, runs torchrun, tees its output to the job log, records status.json, and forwards SIGTERM
-to torchrun so the trainer checkpoints before it exits."""
+to torchrun so the trainer checkpoints before it exits.
+
+A training job is also watched for progress (progress.py): when its trainer logs no step for the hang
+timeout (the start timeout before the first step), the supervisor logs it with the last step seen, sends
+SIGTERM to torchrun, SIGKILL to everything the job started after the stop grace, and records the state
+`hung`. A job stopped by the node health monitor (a stop-request.json next to its status) is recorded
+`failed` with the monitor's reason."""
 
 import os
 import signal
 import socket
 import subprocess
 import sys
-from typing import BinaryIO, Optional
+import threading
+import time
+from typing import BinaryIO, Callable, Optional
 
+from node_bootstrap.jobs.control import descendants
 from node_bootstrap.jobs.errors import EXIT_FAILED, EXIT_NOT_FOUND, JobError
+from node_bootstrap.jobs.progress import ProgressWatch
 from node_bootstrap.jobs.settings import JobSettings
-from node_bootstrap.jobs.spec import JobFiles, read_json, utc_now, write_json_atomic
+from node_bootstrap.jobs.spec import TRAINING_MODULE, JobFiles, read_json, utc_now, write_json_atomic
 
 
 def build_job_command(env_file: str, argv: list[str]) -> list[str]:
@@ -44,6 +54,13 @@ class Supervisor:
         self.spec = spec
         self.child: Optional[subprocess.Popen] = None  # type: ignore[type-arg]
         self.terminate_requested = False
+        self.stop_grace_s = settings.stop_grace_s
+        # Progress is the trainer's step lines: a commcheck prints none (its collectives are bounded by the
+        # process-group timeout instead), and a hang timeout of 0 turns the watch off.
+        watched = spec.get("module", TRAINING_MODULE) == TRAINING_MODULE and settings.hang_timeout_s > 0
+        self.watch = ProgressWatch(settings.hang_timeout_s, settings.start_timeout_s) if watched else None
+        self.hung: Optional[str] = None  # why the job was declared hung
+        self._log_lock = threading.Lock()  # the output thread and the watchdog both write the job log
         self.status: dict[str, object] = {
             "jobId": job_id,
             "state": "running",
@@ -104,25 +121,88 @@ class Supervisor:
                 self._forward(signal.SIGTERM)
             self.status["pid"] = self.child.pid
             write_json_atomic(self.files.status_path, self.status)
-            self._tee(self.child, log)
+            if self.watch is not None:
+                threading.Thread(target=self._watch_progress, args=(self.child, log), name="progress-watch",
+                                 daemon=True).start()
+            self._tee(self.child, log, self.watch.observe if self.watch is not None else None)
             returncode = self.child.wait()
             exit_code, signal_name = exit_code_of(returncode)
             suffix = f" ({signal_name})" if signal_name else ""
-            log.write(f"[node_bootstrap.jobs] {utc_now()} exit code {exit_code}{suffix}\n".encode())
+            self._log_line(log, f"{utc_now()} exit code {exit_code}{suffix}")
+        if self.hung is not None:
+            assert self.watch is not None
+            return self._finish("hung", exit_code, signal=signal_name, error="hung: " + self.hung,
+                                lastStepSeen=self.watch.last_step, lastStepAt=self.watch.last_step_at)
+        request = read_json(self.files.stop_request_path) if self.terminate_requested else None
+        if request is not None:
+            return self._finish("failed", exit_code, signal=signal_name, stopRequest=request,
+                                error="stopped by the {}: {}".format(request.get("by"), request.get("reason")))
         if self.terminate_requested:
             return self._finish("cancelled", exit_code, signal=signal_name)
         return self._finish("succeeded" if exit_code == 0 else "failed", exit_code, signal=signal_name)
 
-    @staticmethod
-    def _tee(child: "subprocess.Popen[bytes]", log: BinaryIO) -> None:
+    def _log_line(self, log: BinaryIO, text: str) -> None:
+        with self._log_lock:
+            log.write(f"[node_bootstrap.jobs] {text}\n".encode())
+            log.flush()
+
+    def _watch_progress(self, child: "subprocess.Popen[bytes]", log: BinaryIO) -> None:
+        """The watchdog thread: stop the job once the trainer is overdue (nothing to do once it exited)."""
+        assert self.watch is not None
+        poll_s = min(1.0, max(0.05, self.watch.hang_timeout_s / 20))
+        while child.poll() is None:
+            overdue = self.watch.overdue()
+            if overdue is not None:
+                self._stop_hung(child, log, overdue)
+                return
+            time.sleep(poll_s)
+
+    def _stop_hung(self, child: "subprocess.Popen[bytes]", log: BinaryIO, reason: str) -> None:
+        """SIGTERM to torchrun (it stops its workers), SIGKILL to whatever the job started after the grace."""
+        self.hung = reason
+        message = f"{utc_now()} hung: {reason}; stopping the job: SIGTERM, SIGKILL after {self.stop_grace_s:g} s"
+        self._log_line(log, message)
+        print(f"[node_bootstrap.jobs] {message}", file=sys.stderr, flush=True)
+        # torchrun starts its workers in new sessions: collect them now, while they are still its children.
+        started = set(descendants(child.pid))
+        self._forward(signal.SIGTERM)
+        deadline = time.monotonic() + self.stop_grace_s
+        while child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if child.poll() is None:
+            started.update(descendants(child.pid))
+        alive = [pid for pid in started if _running(pid)]
+        if child.poll() is None or alive:
+            self._log_line(log, f"{utc_now()} still running {self.stop_grace_s:g} s after SIGTERM: SIGKILL")
+            self._forward(signal.SIGKILL)
+            for pid in alive:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    def _tee(self, child: "subprocess.Popen[bytes]", log: BinaryIO,
+             observe: Optional[Callable[[bytes], None]] = None) -> None:
         out = getattr(sys.stdout, "buffer", None)
         assert child.stdout is not None
         for line in iter(child.stdout.readline, b""):
-            log.write(line)
-            log.flush()
+            with self._log_lock:
+                log.write(line)
+                log.flush()
+            if observe is not None:
+                observe(line)
             if out is not None:
                 try:
                     out.write(line)
                     out.flush()
                 except (OSError, ValueError):
                     out = None  # the journal or terminal went away; the log file still has it
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False

@@ -34,6 +34,18 @@ def test_nodes_lists_readiness_in_private_ip_order(cli, sent, cluster):
     assert summary == "1 of 3 nodes ready (TrainingClusterStack: 3 x p5.48xlarge, capacity on-demand)"
 
 
+def test_a_node_its_health_monitor_tagged_unhealthy_is_not_ready(cli, sent, cluster):
+    """Before its Auto Scaling group has replaced it, a node that found itself unhealthy takes no job."""
+    reason = "health monitor: xid: new: Xid 79 on 0000:b9:00: GPU has fallen off the bus"
+    cluster.tag(0, **{"cluster:health": "unhealthy", "cluster:health-reason": reason})
+    result = cli("nodes", "--stack", "TrainingClusterStack")
+    assert result.code == EXIT_OK, result.err
+    assert result.lines[1].endswith(f"no: node health monitor: unhealthy: {reason}")
+    assert result.lines[-1].startswith("2 of 3 nodes ready")
+    as_json = cli("nodes", "--stack", "TrainingClusterStack", "--json")
+    assert '"health_monitor": "unhealthy"' in as_json.out
+
+
 def test_submit_sends_one_command_to_every_ready_node(cli, sent, cluster, fakes):
     result = cli(
         "submit",

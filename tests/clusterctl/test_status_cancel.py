@@ -426,3 +426,18 @@ def test_status_of_a_training_job_has_no_busbw(cli, cluster, fakes, ssm_stub, tm
     assert "busbwGbps" not in report
     (state,) = report["nodes"]
     assert (state["module"], state["last_step"], state["busbw_gbps"]) == ("training", 20, None)
+
+
+def test_a_hung_node_makes_the_job_hung_and_its_detail_says_why():
+    from clusterctl.jobs import Invocation, overall_state
+
+    def node(instance_id, state, detail=None):
+        return NodeJobState(instance_id, state, None, 120, 1.0, None, None, detail)
+
+    hung = node("i-a", "hung", "hung: no trainer step for 1800 s, waiting for a step (last step seen: 120 at ...)")
+    from_invocation = NodeJobState.from_invocation(
+        Invocation("i-a", "Success", 0, json.dumps({"jobId": JOB, "state": "hung", "exitCode": 1, "lastStep": 120,
+                                                    "error": hung.detail}), ""))
+    assert from_invocation.state == "hung" and from_invocation.detail == hung.detail
+    assert overall_state([hung, node("i-b", "failed")]) == "hung"  # the peers fail at their NCCL timeout
+    assert overall_state([hung, node("i-b", "running")]) == "running"
