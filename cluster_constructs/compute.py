@@ -34,6 +34,8 @@ from cluster_constructs.instance_types import InstanceType
 from stacks.settings import ComputeSettings
 
 BOOTSTRAP_TAG_KEYS = ["cluster:bootstrap", "cluster:bootstrap-reason"]
+# The node health monitor's verdict on its own instance (node_bootstrap/monitor/actions.py writes these keys).
+HEALTH_TAG_KEYS = ["cluster:health", "cluster:health-reason"]
 # Protected mode's bookkeeping on the group itself (node_bootstrap/protection.py writes these keys).
 GROUP_TAG_KEY_PATTERNS = ["cluster:bootstrap-failure:*", "cluster:bootstrap-last-success", "cluster:protected"]
 CLOUDWATCH_NAMESPACES = ["CWAgent", "TrainingCluster"]  # the agent's and the trainer's metrics
@@ -202,7 +204,18 @@ class NodeGroup(Construct):
                     "ForAllValues:StringEquals": {"aws:TagKeys": BOOTSTRAP_TAG_KEYS},
                 },
             ),
-            # A node that fails its health gate marks itself Unhealthy so the group replaces it.
+            # The node health monitor tags its own instance unhealthy with the reason: create only, these keys
+            # only, instances of this group only.
+            iam.PolicyStatement(
+                actions=["ec2:CreateTags"],
+                resources=[Stack.of(self).format_arn(service="ec2", resource="instance", resource_name="*")],
+                conditions={
+                    "StringEquals": {"aws:ResourceTag/aws:autoscaling:groupName": self.group_name},
+                    "ForAllValues:StringEquals": {"aws:TagKeys": HEALTH_TAG_KEYS},
+                },
+            ),
+            # A node that fails its health gate, or that its health monitor finds unhealthy later, marks itself
+            # Unhealthy so the group replaces it. The resource is this group only: no other group's health.
             iam.PolicyStatement(
                 actions=["autoscaling:SetInstanceHealth"], resources=[self.group_arn_pattern]
             ),

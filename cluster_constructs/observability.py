@@ -40,6 +40,7 @@ LOW_FREE_STORAGE_FRACTION = 0.1
 # Published by the nodes (node_bootstrap/protection.py) in the namespace their role may write.
 PROTECTED_MODE_NAMESPACE = "TrainingCluster"
 PROTECTED_MODE_METRIC = "BootstrapProtectedMode"
+NODE_UNHEALTHY_METRIC = "NodeUnhealthy"  # node_bootstrap/monitor/actions.py, every round: 0 or 1
 
 _RETENTION = {
     1: "ONE_DAY",
@@ -170,6 +171,33 @@ class ClusterObservability(Construct):
                 "Protected mode: node bootstraps keep failing for the same reason, so the group no longer replaces "
                 f"unhealthy nodes. The reason is the group tag cluster:protected of {auto_scaling_group_name}; "
                 "fix it, then resume as docs/operations.md 'Protected mode' says."
+            ),
+        )
+        alarm.add_alarm_action(cw_actions.SnsAction(self.alarm_topic))
+        return alarm
+
+    def add_node_health_alarm(self, *, auto_scaling_group_name: str) -> cloudwatch.Alarm:
+        """Alarm when a node's health monitor finds it unhealthy (it publishes NodeUnhealthy=1 every round
+        from then on, until the group replaces it). Missing data is not a breach: a replaced node stops
+        publishing, and so does a cluster scaled to zero."""
+        unhealthy = cloudwatch.Metric(
+            namespace=PROTECTED_MODE_NAMESPACE,
+            metric_name=NODE_UNHEALTHY_METRIC,
+            statistic="Maximum",
+            period=Duration.minutes(1),
+            dimensions_map={"AutoScalingGroupName": auto_scaling_group_name},
+        )
+        alarm = unhealthy.create_alarm(
+            self,
+            "NodeHealthAlarm",
+            threshold=1,
+            evaluation_periods=1,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            alarm_description=(
+                f"A node of {auto_scaling_group_name} found itself unhealthy (GPU lost, uncorrectable ECC, a fatal "
+                "Xid, an EFA device or NVLink down) and is being replaced; its job was stopped. Why: the "
+                "instance tag cluster:health-reason, or `clusterctl nodes` (docs/operations.md, When a node fails)."
             ),
         )
         alarm.add_alarm_action(cw_actions.SnsAction(self.alarm_topic))

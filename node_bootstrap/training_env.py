@@ -21,6 +21,20 @@ Environment, with sources:
   "Using network %s" under INIT (src/init.cc) and aws-ofi-nccl its "Selected provider is efa" under INIT|NET,
   and a line prints when any of its subsystems is selected (src/debug.cc). NET would add what only the
   network transports log, and INIT lines come only when a communicator is created, so the log stays small.
+- Failure detection (docs/operations.md, "When a node fails", says how long each failure takes to surface).
+  torch 2.13's ProcessGroupNCCL reads these (torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp; "PYTORCH
+  ProcessGroupNCCL Environment Variables" in the PyTorch docs):
+  TORCH_NCCL_ASYNC_ERROR_HANDLING=3: on a collective error or timeout the watchdog tears the process down
+  without aborting the communicators first (ncclCommAbort can itself hang on a dead peer); 3 is the default,
+  pinned so a changed default or an inherited setting cannot leave a rank hung.
+  TORCH_NCCL_ENABLE_MONITORING=1 (the default, pinned) with TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC=180 (default
+  480): a monitor thread ends the process when the watchdog thread itself is stuck (a CUDA call on a GPU
+  that fell off the bus) for 3 minutes instead of 8.
+  The collective timeout itself is the process group's: the trainer sets it (training/parallelize.py,
+  parallel.init_timeout_seconds until the first step, then parallel.train_timeout_seconds).
+  No NCCL_* variable shortens EFA failure detection: NCCL_IB_TIMEOUT and NCCL_IB_RETRY_CNT tune NCCL's own
+  InfiniBand verbs transport, which is not used when the aws-ofi-nccl plugin carries the traffic, and the
+  EFA cheatsheet (aws-ofi-nccl doc/efa-env-var.md) lists no timeout setting.
 - Deliberately not set: NCCL_PROTO (aws-ofi-nccl >= 1.6 needs no override; the cheatsheet limits
   NCCL_PROTO=simple to aws-ofi-nccl <= 1.5), NCCL_BUFFSIZE and NCCL_MIN_NCHANNELS (the cheatsheet recommends
   the defaults), RDMAV_FORK_SAFE (the cheatsheet: "Do not use").
@@ -36,6 +50,7 @@ from node_bootstrap.plan import StepError, StepPlan
 from node_bootstrap.runner import Runner
 
 PTH_FILE_NAME = "cluster-bundle.pth"
+NCCL_HEARTBEAT_TIMEOUT_S = 180  # torch's default is 480
 _PURELIB = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
 _SAFE_VALUE = re.compile(r"^[A-Za-z0-9_./:,^=+@%-]*$")
 
@@ -48,6 +63,9 @@ def build_training_env(config: NodeConfig) -> dict[str, str]:
         "NCCL_SOCKET_IFNAME": "^lo,docker,veth",
         "NCCL_DEBUG": "INFO",  # the "Using network ..." line job status reads (see the module docstring)
         "NCCL_DEBUG_SUBSYS": "INIT",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",  # tear a rank down on a collective error or timeout
+        "TORCH_NCCL_ENABLE_MONITORING": "1",  # ... and when the NCCL watchdog thread itself is stuck
+        "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": str(NCCL_HEARTBEAT_TIMEOUT_S),
         "PYTHONPATH": config.training.bundle_dir,
         "CLUSTER_INSTANCE_TYPE": config.instance_type,  # training reads it for its MFU peak
         "CLUSTER_STACK_NAME": config.stack_name,

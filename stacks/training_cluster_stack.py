@@ -136,6 +136,8 @@ class TrainingClusterStack(Stack):
         )
         observability.add_node_alarm(auto_scaling_group_name=group_name)
         observability.add_protected_mode_alarm(auto_scaling_group_name=group_name)
+        if settings.health.monitor_enabled:
+            observability.add_node_health_alarm(auto_scaling_group_name=group_name)
         observability.add_file_system_alarm(
             file_system_id=storage.file_system.ref, storage_capacity_gib=settings.storage.fsx_storage_gib
         )

@@ -1,7 +1,9 @@
 """Per-step metrics: a JSON line on rank 0's stdout, a progress line on its stderr, optional CloudWatch.
 
 The JSON line is the trainer's progress contract with the jobs launcher (docs/architecture.md, "Jobs"):
-``{"event": "step", "step": N, "loss": L, ...}``; N counts completed optimizer steps (1-based).
+``{"event": "step", "step": N, "loss": L, ...}``; N counts completed optimizer steps (1-based). Local rank 0
+of every other node prints a short ``{"event": "step", "step": N, "rank": R}`` at the same steps, so the job
+supervisor on each node sees progress in its own node's log (its hang detection reads these lines).
 
 Step times are averaged over the steps since the last logged step on each rank (after a device synchronize)
 and all-gathered, so a straggler shows up as ``step_time_s_max`` with ``slowest_rank`` naming it. Throughput
@@ -194,9 +196,10 @@ class MetricsLogger:
 
     def __init__(self, cfg: MetricsConfig, *, rank: int, world_size: int, device: torch.device,
                  model: ThroughputModel, stdout: TextIO | None = None, stderr: TextIO | None = None,
-                 cloudwatch: CloudWatchPublisher | None = None):
+                 cloudwatch: CloudWatchPublisher | None = None, local_rank: int = 0):
         self.cfg = cfg
         self.rank = rank
+        self.local_rank = local_rank  # rank on this node: 0 prints the node's progress line
         self.world_size = world_size
         self.device = device
         self.model = model
@@ -218,6 +221,9 @@ class MetricsLogger:
         else:
             gathered = [local]
         if self.rank != 0:
+            if self.local_rank == 0 and self.cfg.json_lines:  # this node's progress, for its job supervisor
+                self.stdout.write(json.dumps({"event": "step", "step": step, "rank": self.rank}) + "\n")
+                self.stdout.flush()
             return None
         rows = torch.stack(gathered).cpu().tolist()
         times = [row[0] for row in rows]

@@ -8,6 +8,7 @@ so FSDP2 runs on a 1-rank mesh instead of taking a separate non-distributed bran
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import socket
@@ -23,6 +24,7 @@ from training.errors import ConfigError
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+DEFAULT_INIT_TIMEOUT_S = 600  # torch's own NCCL default; gloo's is 30 min
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +38,22 @@ class ParallelConfig:
     param_dtype: str = "bfloat16"  # FSDP2 MixedPrecisionPolicy: dtype params are gathered in for compute
     reduce_dtype: str = "float32"  # FSDP2 MixedPrecisionPolicy: dtype of the gradient reduce-scatter
     reshard_after_forward: bool = True  # free gathered block params after forward (ZeRO-3); False keeps them
+    # Process-group timeouts: a collective not done in this long aborts the rank (NCCL's watchdog tears the
+    # process down, TORCH_NCCL_ASYNC_ERROR_HANDLING=3), so a dead peer ends the job in minutes. The start-up
+    # value covers NCCL's communicator set-up, the checkpoint load and compiling, until the first step is done;
+    # then the shorter one applies (torchtitan's init/train timeouts). docs/operations.md, "When a node fails".
+    init_timeout_seconds: int = DEFAULT_INIT_TIMEOUT_S
+    train_timeout_seconds: int = 300
 
     def validate(self) -> None:
         for name in ("param_dtype", "reduce_dtype"):
             value = getattr(self, name)
             if value not in DTYPES:
                 raise ConfigError(f"parallel.{name}={value!r}: allowed: {', '.join(DTYPES)}")
+        for name in ("init_timeout_seconds", "train_timeout_seconds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 86400:
+                raise ConfigError(f"parallel.{name}={value!r}: allowed: an integer number of seconds, 1..86400")
 
 
 @dataclass(frozen=True)
@@ -58,8 +70,9 @@ class DistInfo:
         return self.rank == 0
 
 
-def init_distributed() -> DistInfo:
-    """Join (or create) the default process group and pick this rank's device.
+def init_distributed(timeout_s: float = DEFAULT_INIT_TIMEOUT_S) -> DistInfo:
+    """Join (or create) the default process group, with a `timeout_s` for its collectives on every backend,
+    and pick this rank's device.
 
     CUDA: ``cuda:<LOCAL_RANK>`` with NCCL for CUDA tensors plus gloo for CPU tensors (the DCP async save and
     small CPU-side agreements need a CPU backend; torchtitan initialises the same pair). CPU: gloo. Without
@@ -77,10 +90,28 @@ def init_distributed() -> DistInfo:
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         backend = "cpu:gloo,cuda:nccl" if use_cuda else "gloo"
-        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s))
     else:
         rank, world_size = dist.get_rank(), dist.get_world_size()
     return DistInfo(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+
+
+def set_process_group_timeout(timeout_s: float, info: DistInfo) -> None:
+    """Set the default group's collective timeout (every backend; the data-parallel mesh is that group).
+
+    A barrier first, as torchtitan's set_pg_timeouts does: a slow rank may still be inside an operation the
+    longer start-up timeout allows while a fast one already issues a collective under the short one."""
+    if not dist.is_initialized():
+        return
+    if info.device.type == "cuda":
+        dist.barrier(device_ids=[info.local_rank])
+        torch.cuda.synchronize(info.device)
+    else:
+        dist.barrier()
+    # No public API sets a live group's timeout in torch 2.13; torchtitan calls the same function.
+    dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=timeout_s), None)
+    log.info("process group timeout now %.0f s", timeout_s)
 
 
 def destroy_distributed() -> None:

@@ -40,6 +40,7 @@ from training.parallelize import (
     build_data_parallel_mesh,
     destroy_distributed,
     init_distributed,
+    set_process_group_timeout,
 )
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ def train(cfg: TrainConfig, *, resume: str = "auto") -> TrainResult:
 
 def _build_and_train(cfg: TrainConfig, resume: str, stop: StopRequest) -> TrainResult:
     # 1) process group and device: nccl on CUDA (plus gloo for CPU tensors), gloo on the CPU
-    dist_info = init_distributed()
+    dist_info = init_distributed(cfg.parallel.init_timeout_seconds)
     try:
         return _train_in_group(cfg, resume, stop, dist_info)
     except ConfigError:
@@ -150,7 +151,8 @@ def _loop(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, 
         numa_affinity=cfg.data.numa_affinity,
     )
     metrics = MetricsLogger(
-        cfg.metrics, rank=dist_info.rank, world_size=dist_info.world_size, device=device,
+        cfg.metrics, rank=dist_info.rank, local_rank=dist_info.local_rank, world_size=dist_info.world_size,
+        device=device,
         model=ThroughputModel(
             tokens_per_step=run.tokens_per_step(dist_info.world_size),
             world_size=dist_info.world_size,
@@ -179,6 +181,8 @@ def _loop(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, 
                 now = time.perf_counter()
                 metrics.log_step(step=done, total_steps=total_steps, loss=loss, lr=lr, grad_norm=grad_norm,
                                  step_time_s=(now - interval_start) / interval_steps)
+                if done == start_step + 1:  # start-up is over: a collective that now takes minutes is a hang
+                    set_process_group_timeout(cfg.parallel.train_timeout_seconds, dist_info)
                 interval_start, interval_steps = time.perf_counter(), 0
 
             # step boundary: finish a completed async save, agree on SIGTERM, save when due

@@ -23,7 +23,9 @@ UNIT_DIR = "/etc/systemd/system"
 SERVICE = "cluster-health-monitor.service"
 TIMER = "cluster-health-monitor.timer"
 SYSTEM_PYTHON = "/usr/bin/python3"  # the AMI's Python 3.9+, the one user-data runs node_bootstrap with
-ROUND_TIMEOUT_S = 300  # a round's commands each end in bounded time (runner.py); this bounds the whole
+# Each command of a round ends in bounded time (runner.py): nvidia-smi 120 s, fi_info 120 s, journalctl 60 s,
+# each aws call 60 s; this bounds the whole round even when all of them time out in turn.
+ROUND_TIMEOUT_S = 900
 
 
 def render_service(config: NodeConfig, config_path: str = DEFAULT_CONFIG_PATH) -> str:

@@ -160,6 +160,13 @@ def test_node_role_permissions_are_scoped(p5):
         "StringEquals": {"aws:ResourceTag/aws:autoscaling:groupName": "Test-nodes"},
         "ForAllValues:StringEquals": {"aws:TagKeys": ["cluster:bootstrap", "cluster:bootstrap-reason"]},
     }
+    # The health monitor: its own instance's health tags, create only (compute.HEALTH_TAG_KEYS).
+    monitor_tags = by_action[json.dumps("ec2:CreateTags")]
+    assert monitor_tags["Condition"] == {
+        "StringEquals": {"aws:ResourceTag/aws:autoscaling:groupName": "Test-nodes"},
+        "ForAllValues:StringEquals": {"aws:TagKeys": ["cluster:health", "cluster:health-reason"]},
+    }
+    assert monitor_tags["Resource"] == tags["Resource"]
     health = by_action[json.dumps("autoscaling:SetInstanceHealth")]
     # {"Fn::Join": ["", ["arn:aws:autoscaling:us-east-1:", {"Ref": "AWS::AccountId"}, ":autoScalingGroup/..."]]}
     assert health["Resource"]["Fn::Join"][1][-1] == ":autoScalingGroup/*:autoScalingGroupName/Test-nodes"
@@ -179,6 +186,13 @@ def test_node_role_permissions_are_scoped(p5):
     assert group_tags["Condition"] == {"ForAllValues:StringLike": {"aws:TagKeys": [
         "cluster:bootstrap-failure:*", "cluster:bootstrap-last-success", "cluster:protected"]}}
     assert by_action[json.dumps("autoscaling:SuspendProcesses")]["Resource"] == health["Resource"]
+
+
+def test_health_tag_keys_match_what_the_monitor_writes():
+    from cluster_constructs.compute import HEALTH_TAG_KEYS
+    from node_bootstrap.monitor import actions
+
+    assert HEALTH_TAG_KEYS == [actions.TAG_HEALTH, actions.TAG_HEALTH_REASON]
 
 
 def test_group_tag_keys_match_what_the_nodes_write():

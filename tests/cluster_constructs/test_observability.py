@@ -21,6 +21,7 @@ def template():
     )
     observability.add_node_alarm(auto_scaling_group_name="Test-nodes")
     observability.add_protected_mode_alarm(auto_scaling_group_name="Test-nodes")
+    observability.add_node_health_alarm(auto_scaling_group_name="Test-nodes")
     observability.add_file_system_alarm(file_system_id="fs-0123456789abcdef0", storage_capacity_gib=4800)
     return Template.from_stack(stack)
 
@@ -92,6 +93,26 @@ def test_protected_mode_alarm_keeps_its_state_until_a_node_boots_cleanly(templat
             "TreatMissingData": "ignore",
             "Dimensions": [{"Name": "AutoScalingGroupName", "Value": "Test-nodes"}],
             "AlarmDescription": Match.string_like_regexp("group tag cluster:protected of Test-nodes"),
+            "AlarmActions": [{"Ref": Match.string_like_regexp("^ObsAlarmTopic")}],
+        },
+    )
+
+
+def test_node_health_alarm_fires_on_a_node_the_monitor_found_unhealthy(template):
+    from node_bootstrap.monitor import actions
+
+    template.has_resource_properties(
+        "AWS::CloudWatch::Alarm",
+        {
+            "MetricName": actions.UNHEALTHY_METRIC,
+            "Namespace": actions.METRIC_NAMESPACE,
+            "Statistic": "Maximum",
+            "Period": 60,
+            "ComparisonOperator": "GreaterThanOrEqualToThreshold",
+            "Threshold": 1,
+            "TreatMissingData": "notBreaching",
+            "Dimensions": [{"Name": "AutoScalingGroupName", "Value": "Test-nodes"}],
+            "AlarmDescription": Match.string_like_regexp("instance tag cluster:health-reason"),
             "AlarmActions": [{"Ref": Match.string_like_regexp("^ObsAlarmTopic")}],
         },
     )

@@ -461,3 +461,17 @@ def test_rounds_without_once_repeat_at_the_interval(fake_node, kit, cloud):
     assert code == 0 and sleeps == [60, 60]
     assert sum(c.startswith("journalctl") for c in fake_node.runner.commands()) == 3
 
+
+
+def test_a_hanging_nvidia_smi_is_fatal_and_not_asked_again(monitored):
+    node = monitored
+    calls = []
+
+    def hanging(argv):
+        calls.append(argv)
+        return 124, "", "timed out after 120 s; still not gone 5 s after SIGKILL (stuck in the kernel?)"
+    node.runner.on("nvidia-smi", hanging)
+    assert node.round() == 1
+    assert len(calls) == 1  # the GPU query; not the throttle and NVLink queries after it
+    assert instance_tags(node.instance_id)["cluster:health-reason"].startswith("health monitor: gpu-count: ")
+    assert group_health(node.instance_id) == "Unhealthy"

@@ -29,6 +29,9 @@ def test_env_file_holds_efa_nccl_paths_and_instance_type(config):
     assert env["CLUSTER_INSTANCE_TYPE"] == "p5.48xlarge"
     assert env["CHECKPOINT_ROOT"] == "/fsx/checkpoints" and env["DATA_ROOT"] == "/fsx/data"
     assert not {"NCCL_PROTO", "NCCL_BUFFSIZE", "RDMAV_FORK_SAFE"} & set(env)  # see training_env's docstring
+    # a dead peer or a stuck NCCL watchdog ends the rank (docs/operations.md, "When a node fails")
+    assert (env["TORCH_NCCL_ASYNC_ERROR_HANDLING"], env["TORCH_NCCL_ENABLE_MONITORING"],
+            env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"]) == ("3", "1", "180")
 
 
 def test_env_file_is_read_the_same_by_bash(config, tmp_path):

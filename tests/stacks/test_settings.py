@@ -23,6 +23,15 @@ def test_defaults_from_cdk_json():
     assert settings.tags == {"project": "p5-training-cluster"}
 
 
+def test_health_monitor_and_hang_detection_defaults_and_off():
+    health = build_settings().health
+    assert (health.check_interval_seconds, health.job_hang_timeout_minutes, health.job_start_timeout_minutes) == (
+        60, 30, 60)
+    assert health.monitor_enabled
+    off = build_settings(healthCheckIntervalSeconds="0", jobHangTimeoutMinutes="0").health
+    assert not off.monitor_enabled and off.job_hang_timeout_minutes == 0
+
+
 def test_command_line_strings_are_typed():
     settings = build_settings(
         nodeCount="4",
@@ -138,6 +147,16 @@ BAD_SETTINGS = [
     ),
     ({"logRetentionDays": "10"}, "logRetentionDays=10: allowed: 1, 3, 5, 7, 14, 30"),
     ({"tags": "team"}, "tags='team': must be a JSON object or k=v,k2=v2"),
+    (
+        {"healthCheckIntervalSeconds": "5"},
+        "healthCheckIntervalSeconds=5: allowed: 0 (the monitor is off) or 10 to 3600",
+    ),
+    ({"healthCheckIntervalSeconds": "-1"}, "healthCheckIntervalSeconds=-1: must be an integer >= 0 and <= 3600"),
+    ({"jobHangTimeoutMinutes": "2000"}, "jobHangTimeoutMinutes=2000: must be an integer >= 0 and <= 1440"),
+    (
+        {"jobHangTimeoutMinutes": "45", "jobStartTimeoutMinutes": "30"},
+        "jobStartTimeoutMinutes=30: must be >= jobHangTimeoutMinutes=45",
+    ),
     ({"tags": {"aws:reserved": "x"}}, "tags.aws:reserved='x'"),
 ]
 

@@ -180,3 +180,20 @@ def test_invalid_values_name_the_field(fields, message):
 def test_dimensions_parse():
     assert CLOUDWATCH.dimensions() == [{"Name": "Job", "Value": "j-1"}, {"Name": "Cluster", "Value": "p5"}]
     assert MetricsConfig().dimensions() == []
+
+
+def test_local_rank_0_of_every_other_node_prints_a_short_step_line_for_its_supervisor():
+    """Only global rank 0 has the whole record; the job supervisor on each node watches its own node's log
+    for progress (node_bootstrap/jobs/progress.py), so each node's first local rank says which step it did."""
+    lines = {}
+    for rank, local_rank in ((8, 0), (9, 1)):
+        out, err = io.StringIO(), io.StringIO()
+        metrics = MetricsLogger(MetricsConfig(nvml=False), rank=rank, local_rank=local_rank, world_size=16,
+                                device=torch.device("cpu"), model=CPU, stdout=out, stderr=err)
+        assert metrics.log_step(step=40, total_steps=100, loss=torch.tensor(2.5), lr=1e-3,
+                                grad_norm=torch.tensor(0.75), step_time_s=0.25) is None
+        lines[(rank, local_rank)] = (out.getvalue(), err.getvalue())
+    assert lines[(8, 0)] == ('{"event": "step", "step": 40, "rank": 8}\n', "")
+    assert lines[(9, 1)] == ("", "")
+    from node_bootstrap.jobs import find_last_step
+    assert find_last_step("[rank8]:" + lines[(8, 0)][0]) == {"event": "step", "step": 40, "rank": 8}

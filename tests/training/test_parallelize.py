@@ -25,6 +25,7 @@ from training.parallelize import (
     build_data_parallel_mesh,
     destroy_distributed,
     init_distributed,
+    set_process_group_timeout,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -93,6 +94,18 @@ def test_single_process_gets_a_one_rank_gloo_group(dist_info):
     assert init_distributed() == dist_info  # a second call joins the existing group
 
 
+def test_the_process_group_timeout_is_the_start_up_one_then_the_training_one(dist_info):
+    def timeout_s():
+        backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+        return backend.options._timeout.total_seconds()
+    assert timeout_s() == ParallelConfig().init_timeout_seconds == 600  # set by init_distributed
+    try:
+        set_process_group_timeout(ParallelConfig().train_timeout_seconds, dist_info)
+        assert timeout_s() == 300
+    finally:
+        set_process_group_timeout(600, dist_info)
+
+
 def test_fsdp2_with_activation_checkpointing_trains_like_the_plain_model(dist_info):
     plain = Transformer(build_model_config("tiny"))
     plain.init_weights(seed=0)
@@ -147,6 +160,10 @@ def test_per_block_compile_trains(dist_info):
     [
         ("param_dtype", "fp16", "parallel.param_dtype='fp16': allowed: bfloat16, float32"),
         ("reduce_dtype", "int8", "parallel.reduce_dtype='int8': allowed: bfloat16, float32"),
+        ("train_timeout_seconds", 0,
+         "parallel.train_timeout_seconds=0: allowed: an integer number of seconds, 1..86400"),
+        ("init_timeout_seconds", "600",
+         "parallel.init_timeout_seconds='600': allowed: an integer number of seconds, 1..86400"),
     ],
 )
 def test_invalid_parallel_config_names_the_field(field, value, message):
