@@ -121,11 +121,15 @@ class Supervisor:
                 self._forward(signal.SIGTERM)
             self.status["pid"] = self.child.pid
             write_json_atomic(self.files.status_path, self.status)
+            watchdog = None
             if self.watch is not None:
-                threading.Thread(target=self._watch_progress, args=(self.child, log), name="progress-watch",
-                                 daemon=True).start()
+                watchdog = threading.Thread(target=self._watch_progress, args=(self.child, log),
+                                            name="progress-watch", daemon=True)
+                watchdog.start()
             self._tee(self.child, log, self.watch.observe if self.watch is not None else None)
             returncode = self.child.wait()
+            if watchdog is not None:  # a hung job's stop may still be killing what the job started
+                watchdog.join(timeout=self.stop_grace_s + 10)
             exit_code, signal_name = exit_code_of(returncode)
             suffix = f" ({signal_name})" if signal_name else ""
             self._log_line(log, f"{utc_now()} exit code {exit_code}{suffix}")
@@ -143,8 +147,11 @@ class Supervisor:
 
     def _log_line(self, log: BinaryIO, text: str) -> None:
         with self._log_lock:
-            log.write(f"[node_bootstrap.jobs] {text}\n".encode())
-            log.flush()
+            try:
+                log.write(f"[node_bootstrap.jobs] {text}\n".encode())
+                log.flush()
+            except (OSError, ValueError):  # the log is closed or its file system full: stderr still has it
+                print(f"[node_bootstrap.jobs] {text}", file=sys.stderr, flush=True)
 
     def _watch_progress(self, child: "subprocess.Popen[bytes]", log: BinaryIO) -> None:
         """The watchdog thread: stop the job once the trainer is overdue (nothing to do once it exited)."""

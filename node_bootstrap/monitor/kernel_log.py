@@ -62,6 +62,11 @@ def read_new_kernel_log(host: Host, runner: Runner, previous: dict | None) -> Ke
 def _read_journal(runner: Runner, boot_id: str, previous: dict | None) -> KernelLogRead:
     cursor = previous.get("cursor") if previous and previous.get("source") == JOURNAL else None
     result = runner.run(journal_command(cursor), mutating=False, check=False, timeout=JOURNAL_TIMEOUT_S)
+    if not result.ok and cursor:
+        # A cursor journalctl rejects ("Failed to seek to cursor"): read the boot again rather than nothing,
+        # forever. (A cursor whose entry was vacuumed is not an error: journalctl seeks to the next entry.)
+        cursor = None
+        result = runner.run(journal_command(None), mutating=False, check=False, timeout=JOURNAL_TIMEOUT_S)
     if not result.ok:
         return KernelLogRead("", previous or {}, error="kernel log not readable: " + result.describe_failure())
     lines, new_cursor = [], cursor

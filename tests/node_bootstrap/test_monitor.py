@@ -475,3 +475,19 @@ def test_a_hanging_nvidia_smi_is_fatal_and_not_asked_again(monitored):
     assert len(calls) == 1  # the GPU query; not the throttle and NVLink queries after it
     assert instance_tags(node.instance_id)["cluster:health-reason"].startswith("health monitor: gpu-count: ")
     assert group_health(node.instance_id) == "Unhealthy"
+
+
+def test_a_cursor_journalctl_rejects_means_reading_the_boot_again(monitored):
+    node = monitored
+    assert node.round() == 0
+    journal = node.runner.handlers["journalctl"]
+
+    def rejecting(argv):
+        if any(a.startswith("--after-cursor=") for a in argv):
+            return 1, "", "Failed to seek to cursor: Invalid argument"
+        return journal(argv)
+    node.runner.on("journalctl", rejecting)
+    journal.append(XID_79)
+    assert node.round() == 1
+    assert [c.split()[-1] for c in node.runner.commands() if c.startswith("journalctl")][-1] == "0"  # -b 0
+    assert group_health(node.instance_id) == "Unhealthy"
