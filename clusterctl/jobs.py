@@ -77,7 +77,7 @@ class JobRequest:
         elif self.config:
             raise ClusterctlError(f"{self.module} takes no --config (got {self.config!r})", EXIT_USAGE)
         for item in self.overrides:
-            if not node_jobs.OVERRIDE_RE.match(item):
+            if not node_jobs.OVERRIDE_RE.fullmatch(item):
                 raise ClusterctlError(
                     f"--set {item!r}: allowed: key=value, a dotted key and a value of letters, "
                     "digits and _ . : / + , @ % - (no spaces or quotes)",
@@ -87,7 +87,7 @@ class JobRequest:
             raise ClusterctlError(f"--max-restarts={self.max_restarts}: allowed: 0-99", EXIT_USAGE)
 
     def _validate_config(self) -> None:
-        if not node_jobs.CONFIG_RE.match(self.config) or ".." in self.config.split("/"):
+        if not node_jobs.CONFIG_RE.fullmatch(self.config) or ".." in self.config.split("/"):
             raise ClusterctlError(
                 f"--config={self.config!r}: allowed: a .toml path of letters, digits, _ . / -", EXIT_USAGE
             )
@@ -384,7 +384,7 @@ def nodes_on_tcp(states: Sequence[NodeJobState]) -> list[str]:
 
 
 def validate_job_id(job_id: str) -> None:
-    if not node_jobs.JOB_ID_RE.match(job_id):
+    if not node_jobs.JOB_ID_RE.fullmatch(job_id):
         raise ClusterctlError(
             f"job id {job_id!r}: allowed: the id `clusterctl submit` printed (j-YYYYMMDD-HHMMSS-xxxx)",
             EXIT_USAGE,

@@ -76,7 +76,7 @@ def timestamp(key: str, value: Any) -> dt.datetime | None:
 
 def mount_point(key: str, value: Any) -> str:
     text = string(key, value)
-    if not MOUNT_POINT.match(text) or "/../" in text + "/" or text in ("/", "/boot", "/etc", "/usr", "/var"):
+    if not MOUNT_POINT.fullmatch(text) or "/../" in text + "/" or text in ("/", "/boot", "/etc", "/usr", "/var"):
         raise invalid(
             key, value, "must be an absolute directory path such as /scratch, not a system directory"
         )
@@ -85,7 +85,7 @@ def mount_point(key: str, value: Any) -> str:
 
 def bucket(key: str, value: Any) -> str | None:
     text = string(key, value, optional=True)
-    if text is not None and (not BUCKET.match(text) or re.fullmatch(r"\d+\.\d+\.\d+\.\d+", text)):
+    if text is not None and (not BUCKET.fullmatch(text) or re.fullmatch(r"\d+\.\d+\.\d+\.\d+", text)):
         raise invalid(key, value, "must be an S3 bucket name (3-63 lowercase letters, digits, dots, hyphens)")
     return text
 
@@ -111,7 +111,7 @@ def tags(key: str, value: Any) -> dict[str, str]:
     for tag_key, tag_value in value.items():
         tag_key = str(tag_key).strip()
         if (
-            not TAG_KEY.match(tag_key)
+            not TAG_KEY.fullmatch(tag_key)
             or not isinstance(tag_value, str | int | float)
             or len(str(tag_value)) > 256
         ):
@@ -132,6 +132,6 @@ def int_or_raw(value: Any) -> Any:
 
 def email(value: Any) -> str | None:
     text = string("alarmEmail", value, optional=True)
-    if text is not None and not EMAIL.match(text):
+    if text is not None and not EMAIL.fullmatch(text):
         raise invalid("alarmEmail", value, "must be an email address")
     return text

@@ -175,7 +175,7 @@ def load_settings(
     now = now or dt.datetime.now(dt.UTC)
 
     region = string("region", context("region"))
-    if not _REGION.match(region):
+    if not _REGION.fullmatch(region):
         raise invalid("region", region, "must be an AWS region code such as us-east-1")
 
     network = _network_settings(context, region)
@@ -233,7 +233,7 @@ def _compute_settings(context: Callable[[str], Any]) -> ComputeSettings:
     if name not in INSTANCE_TYPES:
         raise invalid("instanceType", name, "allowed: " + ", ".join(sorted(INSTANCE_TYPES)))
     ami_parameter = string("amiParameter", context("amiParameter"))
-    if not _SSM_PARAMETER.match(ami_parameter):
+    if not _SSM_PARAMETER.fullmatch(ami_parameter):
         raise invalid(
             "amiParameter",
             ami_parameter,
@@ -253,7 +253,7 @@ def _capacity_settings(
 ) -> CapacitySettings:
     mode = CapacityMode(choice("capacityMode", context("capacityMode"), tuple(m.value for m in CapacityMode)))
     reservation_id = string("capacityReservationId", context("capacityReservationId"), optional=True)
-    if reservation_id is not None and not _RESERVATION_ID.match(reservation_id):
+    if reservation_id is not None and not _RESERVATION_ID.fullmatch(reservation_id):
         raise invalid("capacityReservationId", reservation_id, "must look like cr-0123456789abcdef0")
     raw_count = context("reservationInstanceCount")
     count = None if raw_count in (None, "") else integer("reservationInstanceCount", raw_count, minimum=1)

@@ -86,7 +86,7 @@ def _step_dirs(root: Path) -> list[tuple[int, Path]]:
     """``(step, path)`` of every step-<N> directory under ``root``, oldest first."""
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
+    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.fullmatch(p.name))]
     return sorted(found)
 
 

@@ -52,7 +52,7 @@ class MetricsConfig:
                 "not starting with 'AWS/'"
             )
         dims = [d.strip() for d in self.cloudwatch_dimensions.split(",") if d.strip()]
-        if any(not _DIMENSION.match(d) for d in dims) or len(dims) > 30:
+        if any(not _DIMENSION.fullmatch(d) for d in dims) or len(dims) > 30:
             raise ConfigError(
                 f"metrics.cloudwatch_dimensions={self.cloudwatch_dimensions!r}: allowed: up to 30 "
                 "comma-separated Name=Value pairs, e.g. 'Job=llama-1b,Cluster=p5'"

@@ -32,7 +32,7 @@ def normalize_pci_bus_id(bus_id: str) -> str:
 
     nvidia-smi and NVML print ``00000000:53:00.0`` (8-digit domain); sysfs names ``0000:53:00.0``.
     """
-    match = _PCI_ADDRESS.match(bus_id.strip().lower())
+    match = _PCI_ADDRESS.fullmatch(bus_id.strip().lower())
     if not match:
         raise ValueError(f"PCI bus id {bus_id!r}: allowed: [domain:]bus:device.function, e.g. 0000:53:00.0")
     domain, bus, device, function = match.groups()

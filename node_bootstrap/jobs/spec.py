@@ -53,7 +53,7 @@ class JobSpec:
         if self.module not in MODULES:
             raise JobError(f"module={self.module!r}: allowed: {', '.join(MODULES)}", EXIT_USAGE)
         if self.module == TRAINING_MODULE:
-            config_ok = bool(CONFIG_RE.match(self.config)) and ".." not in self.config.split("/")
+            config_ok = bool(CONFIG_RE.fullmatch(self.config)) and ".." not in self.config.split("/")
             config_allowed = "a .toml path of letters, digits, _ . / - without '..'"
         else:
             config_ok, config_allowed = self.config == "", f"empty: {self.module} takes no training config"
@@ -61,7 +61,7 @@ class JobSpec:
             ("config", self.config, config_ok, config_allowed),
             ("nodes", self.nodes, 1 <= self.nodes <= 4096, "1-4096"),
             ("gpus-per-node", self.gpus_per_node, 1 <= self.gpus_per_node <= 64, "1-64"),
-            ("rendezvous-host", self.rendezvous_host, bool(HOST_RE.match(self.rendezvous_host)),
+            ("rendezvous-host", self.rendezvous_host, bool(HOST_RE.fullmatch(self.rendezvous_host)),
              "an IP address or host name"),
             ("max-restarts", self.max_restarts, 0 <= self.max_restarts <= 100, "0-100"),
         ]
@@ -69,19 +69,19 @@ class JobSpec:
             if not ok:
                 raise JobError(f"{name}={value!r}: allowed: {allowed}", EXIT_USAGE)
         for item in self.overrides:
-            if not OVERRIDE_RE.match(item):
+            if not OVERRIDE_RE.fullmatch(item):
                 raise JobError(
                     f"overrides item {item!r}: allowed: key=value with a dotted key and a value of letters, "
                     "digits and _ . : / + , @ % -",
                     EXIT_USAGE,
                 )
-            if self.module == COMMCHECK_MODULE and not _OPTION_KEY_RE.match(item.split("=", 1)[0]):
+            if self.module == COMMCHECK_MODULE and not _OPTION_KEY_RE.fullmatch(item.split("=", 1)[0]):
                 raise JobError(f"overrides item {item!r}: allowed for {self.module}: option=value with an "
                                "option name of a-z 0-9 _ (e.g. min_busbw_gbps=350)", EXIT_USAGE)
 
 
 def validate_job_id(job_id: str) -> None:
-    if not JOB_ID_RE.match(job_id):
+    if not JOB_ID_RE.fullmatch(job_id):
         raise JobError(f"job-id={job_id!r}: allowed: 3-63 of a-z 0-9 -, starting with a letter or digit",
                        EXIT_USAGE)
 
