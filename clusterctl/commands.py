@@ -472,8 +472,6 @@ def cost(args: argparse.Namespace, runtime: Runtime) -> int:
     else:
         if args.nodes is None or args.hours is None:
             raise ClusterctlError("cost needs --nodes and --hours (a plan) or --job JOB", EXIT_USAGE)
-        if args.hours < 0:
-            raise ClusterctlError(f"--hours={args.hours}: allowed: 0 or more", EXIT_USAGE)
         estimate = estimate_cost(args.instance_type, args.nodes, args.hours)
         label = "plan"
     _print_cost(args, runtime, estimate, label)
