@@ -26,7 +26,7 @@ from clusterctl.aws import (
     one_line,
 )
 from clusterctl.stack import DEFAULT_STACK_NAME
-from node_bootstrap.jobs import STOP_GRACE_SECONDS
+from node_bootstrap.jobs import MAX_CANCEL_TIMEOUT_SECONDS, STOP_GRACE_SECONDS
 
 
 @dataclass
@@ -264,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout-seconds",
         type=int,
         default=STOP_GRACE_SECONDS,
-        help="seconds between SIGTERM and SIGKILL (default %(default)s)",
+        help="seconds between SIGTERM and SIGKILL, 0-%d (default %%(default)s)" % MAX_CANCEL_TIMEOUT_SECONDS,
     )
     cancel.set_defaults(handler=commands.cancel)
 

@@ -65,10 +65,13 @@ from node_bootstrap.jobs.logs import (
 )
 from node_bootstrap.jobs.settings import DEFAULT_NODE_CONFIG, JobSettings, load_settings, under_root
 from node_bootstrap.jobs.spec import (
+    CANCEL_AFTER_WAIT_SECONDS,
+    COMMAND_TIMEOUT_SECONDS,
     COMMCHECK_MODULE,
     CONFIG_RE,
     HOST_RE,
     JOB_ID_RE,
+    MAX_CANCEL_TIMEOUT_SECONDS,
     MODULES,
     OVERRIDE_RE,
     STATES,
@@ -81,14 +84,17 @@ from node_bootstrap.jobs.spec import (
     build_torchrun_argv,
     read_json,
     utc_now,
+    validate_cancel_timeout,
     validate_job_id,
     write_json_atomic,
 )
 from node_bootstrap.jobs.supervise import Supervisor, build_job_command, exit_code_of
 
 __all__ = [
+    "CANCEL_AFTER_WAIT_SECONDS",
     "CLOUDWATCH_AGENT_CTL",
     "CLOUDWATCH_JOBS_CONFIG_DIR",
+    "COMMAND_TIMEOUT_SECONDS",
     "COMMCHECK_MODULE",
     "CONFIG_RE",
     "DEFAULT_NODE_CONFIG",
@@ -100,6 +106,7 @@ __all__ = [
     "JOB_ID_RE",
     "LOG_HEAD_BYTES",
     "LOG_TAIL_BYTES",
+    "MAX_CANCEL_TIMEOUT_SECONDS",
     "MODULES",
     "NCCL_NETWORK_ALIASES",
     "OVERRIDE_RE",
@@ -143,6 +150,7 @@ __all__ = [
     "systemd_available",
     "under_root",
     "utc_now",
+    "validate_cancel_timeout",
     "validate_job_id",
     "wait_for_end",
     "write_json_atomic",

@@ -14,6 +14,13 @@ from node_bootstrap.jobs.settings import JobSettings
 UNIT_PREFIX = "training-job-"
 STATES = ("running", "succeeded", "failed", "cancelled")
 STOP_GRACE_SECONDS = 120  # systemd TimeoutStopSec: SIGTERM to the supervisor, then SIGKILL to the unit
+# The SSM document's step (aws:runShellScript timeoutSeconds) stops a node command after this long.
+COMMAND_TIMEOUT_SECONDS = 900
+# What `cancel` may still need after its SIGTERM wait: up to 10 s for the end to be recorded after SIGKILL,
+# `systemctl stop` (bounded at STOP_GRACE_SECONDS + 30 s), and 60 s for start-up and the status reads.
+CANCEL_AFTER_WAIT_SECONDS = 10 + (STOP_GRACE_SECONDS + 30) + 60
+# The longest SIGTERM wait `cancel` takes: the rest of the step's time, so a cancel is never cut off by it.
+MAX_CANCEL_TIMEOUT_SECONDS = COMMAND_TIMEOUT_SECONDS - CANCEL_AFTER_WAIT_SECONDS
 
 # The SSM document's allowedPatterns (cluster_constructs/jobs.py) are the same expressions: SSM rejects a
 # bad value before anything runs, and this module rejects it again for direct callers.
@@ -78,6 +85,12 @@ class JobSpec:
             if self.module == COMMCHECK_MODULE and not _OPTION_KEY_RE.fullmatch(item.split("=", 1)[0]):
                 raise JobError(f"overrides item {item!r}: allowed for {self.module}: option=value with an "
                                "option name of a-z 0-9 _ (e.g. min_busbw_gbps=350)", EXIT_USAGE)
+
+
+def validate_cancel_timeout(timeout_seconds: float) -> None:
+    if not 0 <= timeout_seconds <= MAX_CANCEL_TIMEOUT_SECONDS:  # false for nan
+        raise JobError(f"timeout-seconds={timeout_seconds!r}: allowed: 0-{MAX_CANCEL_TIMEOUT_SECONDS} (the SSM "
+                       f"command's {COMMAND_TIMEOUT_SECONDS} s less what cancel needs after SIGKILL)", EXIT_USAGE)
 
 
 def validate_job_id(job_id: str) -> None:

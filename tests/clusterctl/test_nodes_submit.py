@@ -54,7 +54,7 @@ def test_submit_sends_one_command_to_every_ready_node(cli, sent, cluster, fakes)
         f"follow it with: clusterctl logs {job_id} --follow"
     )
     (command,) = sent
-    assert command["DocumentName"] == fakes.DOCUMENT and command["DocumentVersion"] == "$LATEST"
+    assert command["DocumentName"] == fakes.DOCUMENT and command["DocumentVersion"] == "$DEFAULT"
     assert command["InstanceIds"] == cluster.instance_ids
     assert command["Parameters"] == {
         "action": ["start"],
