@@ -264,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout-seconds",
         type=int,
         default=STOP_GRACE_SECONDS,
-        help="seconds between SIGTERM and SIGKILL, 0-%d (default %%(default)s)" % MAX_CANCEL_TIMEOUT_SECONDS,
+        help=f"seconds between SIGTERM and SIGKILL, 0-{MAX_CANCEL_TIMEOUT_SECONDS} (default %(default)s)",
     )
     cancel.set_defaults(handler=commands.cancel)
 

@@ -21,6 +21,8 @@ import botocore.exceptions
 from clusterctl.aws import EXIT_USAGE, ClusterctlError
 from clusterctl.nodes import Node, split_addressable
 from node_bootstrap import jobs as node_jobs
+from training import config as training_config
+from training.errors import ConfigError as TrainingConfigError
 
 SEND_BATCH = 50  # ssm:SendCommand takes at most 50 InstanceIds (SSM API reference, SendCommand)
 # The version CloudFormation deployed: the document's default version. $LATEST would run any newer version
@@ -75,17 +77,17 @@ class JobRequest:
             raise ClusterctlError(
                 f"module={self.module!r}: allowed: {', '.join(node_jobs.MODULES)}", EXIT_USAGE
             )
-        if self.module == node_jobs.TRAINING_MODULE:
-            self._validate_config()
-        elif self.config:
-            raise ClusterctlError(f"{self.module} takes no --config (got {self.config!r})", EXIT_USAGE)
-        for item in self.overrides:
+        for item in self.overrides:  # what the jobs document's allowedPattern takes
             if not node_jobs.OVERRIDE_RE.fullmatch(item):
                 raise ClusterctlError(
                     f"--set {item!r}: allowed: key=value, a dotted key and a value of letters, "
                     "digits and _ . : / + , @ % - (no spaces or quotes)",
                     EXIT_USAGE,
                 )
+        if self.module == node_jobs.TRAINING_MODULE:
+            self._validate_config()
+        elif self.config:
+            raise ClusterctlError(f"{self.module} takes no --config (got {self.config!r})", EXIT_USAGE)
         if not 0 <= self.max_restarts <= 99:
             raise ClusterctlError(f"--max-restarts={self.max_restarts}: allowed: 0-99", EXIT_USAGE)
 
@@ -106,6 +108,20 @@ class JobRequest:
                 "absolute path on the nodes (e.g. on /fsx)",
                 EXIT_USAGE,
             )
+        self._validate_training_settings()
+
+    def _validate_training_settings(self) -> None:
+        """The trainer's own loader and validation (training.config, which imports no torch) on the config
+        and the --set items, before anything is sent: a bad key or value is refused here, not on the nodes
+        after the job was "started". A config on the nodes (an absolute path) cannot be read here: then the
+        --set items are checked on their own (known section and key, a value of the field's type)."""
+        try:
+            if self.config.startswith("/"):
+                training_config.parse_overrides(self.overrides)
+            else:
+                training_config.load_config(REPO_ROOT / self.config, self.overrides)
+        except TrainingConfigError as e:
+            raise ClusterctlError(f"not submitted: {self.config} with the --set items: {e}", EXIT_USAGE) from None
 
     def parameters(self, job_id: str, rendezvous_host: str) -> dict[str, list[str]]:
         parameters = {

@@ -27,8 +27,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from training.config_sections import BACKENDS
 from training.errors import ConfigError
-from training.fp8 import BACKENDS, Fp8Config, build_fp8_backend
+from training.fp8 import Fp8Config, build_fp8_backend
 from training.hardware import device_name, peak_bf16_tflops_per_gpu
 from training.model import MODEL_PRESETS, build_model_config, count_params, flops_per_token
 from training.optim import OptimConfig, build_optimizer

@@ -27,46 +27,13 @@ import numpy as np
 import torch
 
 from training import numa
+from training.config_sections import DataConfig
 from training.errors import ConfigError
 from training.shards import ShardFormatError, TokenShards, open_shards
 
 log = logging.getLogger(__name__)
 
-SOURCES = ("synthetic", "shards")
 Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets), int64 [micro_batch_size, seq_len]
-
-
-@dataclass
-class DataConfig:
-    """The ``[data]`` section."""
-
-    source: str = "synthetic"  # "synthetic" (a learnable Markov chain, no files) or "shards" (data.path)
-    path: str = ""  # shard directory holding index.json (docs/data-format.md); used when source = "shards"
-    synthetic_branching: int = (
-        4  # successors per token in the synthetic Markov chain (loss floor <= ln of it)
-    )
-    prefetch_depth_steps: int = 2  # optimizer steps of micro-batches prepared ahead by the loader thread
-    pin_memory: bool = True  # stage batches in pinned host memory (only when the device is CUDA)
-    numa_affinity: bool = True  # keep the loader thread on the CPUs of its GPU's NUMA node (multi-socket)
-
-    def validate(self) -> None:
-        if self.source not in SOURCES:
-            raise ConfigError(f"data.source={self.source!r}: allowed: {', '.join(SOURCES)}")
-        if self.source == "shards" and not self.path:
-            raise ConfigError(
-                "data.path='': allowed: a shard directory (with index.json) when data.source='shards'"
-            )
-        if not _is_int(self.synthetic_branching) or not 1 <= self.synthetic_branching <= 1024:
-            raise ConfigError(
-                f"data.synthetic_branching={self.synthetic_branching!r}: allowed: an integer in 1..1024"
-            )
-        if not _is_int(self.prefetch_depth_steps) or self.prefetch_depth_steps < 1:
-            raise ConfigError(
-                f"data.prefetch_depth_steps={self.prefetch_depth_steps!r}: allowed: an integer >= 1"
-            )
-        for name in ("pin_memory", "numa_affinity"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"data.{name}={getattr(self, name)!r}: allowed: true, false")
 
 
 class BatchSource(Protocol):
@@ -349,6 +316,3 @@ def _split(tokens: np.ndarray) -> Batch:
     window = torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64))
     return window[:, :-1].contiguous(), window[:, 1:].contiguous()
 
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
