@@ -43,13 +43,14 @@ def package_parent() -> str:
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def launch_systemd(files: JobFiles, argv: list[str]) -> None:
+def launch_systemd(files: JobFiles, argv: list[str], stop_grace_seconds: int = STOP_GRACE_SECONDS) -> None:
     # KillMode=mixed: `systemctl stop` and shutdown (capacity-block end, node drain) send SIGTERM to the
-    # supervisor only, which forwards it to torchrun; SIGKILL reaches the rest after TimeoutStopSec.
+    # supervisor only, which forwards it to torchrun; SIGKILL reaches the rest after TimeoutStopSec, the same
+    # grace torchrun's --shutdown-timeout is cut from (build_torchrun_argv).
     command = [
         "systemd-run", "--unit=" + files.unit, "--collect", "--no-block",
         "--description=training job " + files.unit[len(UNIT_PREFIX):],
-        "--property=KillMode=mixed", f"--property=TimeoutStopSec={STOP_GRACE_SECONDS}",
+        "--property=KillMode=mixed", f"--property=TimeoutStopSec={stop_grace_seconds}",
         "--setenv=PYTHONPATH=" + package_parent(), "--",
     ] + argv
     result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -103,13 +104,14 @@ def start_job(settings: JobSettings, spec: JobSpec, node_config: str, launcher: 
         "logPath": files.log_path,
         "unit": files.unit,
         "launcher": launcher,
+        "stopGraceSeconds": spec.stop_grace_seconds,
         "createdAt": utc_now(),
     })
     cloudwatch = maybe_ship_job_log(settings, spec.job_id, files.log_path)
     argv = supervisor_argv(settings, node_config, spec.job_id)
     try:
         if launcher == "systemd":
-            launch_systemd(files, argv)
+            launch_systemd(files, argv, spec.stop_grace_seconds)
         else:
             launch_direct(files, argv)
     except (JobError, OSError, subprocess.TimeoutExpired) as e:

@@ -13,7 +13,12 @@ from node_bootstrap.jobs.settings import JobSettings
 
 UNIT_PREFIX = "training-job-"
 STATES = ("running", "succeeded", "failed", "cancelled")
-STOP_GRACE_SECONDS = 120  # systemd TimeoutStopSec: SIGTERM to the supervisor, then SIGKILL to the unit
+# The one budget from SIGTERM to SIGKILL for a job: systemd's TimeoutStopSec for its unit, and within it
+# torchrun's --shutdown-timeout (torch.distributed.run: SIGTERM to the workers, then SIGKILL after that many
+# seconds; without the option torchrun takes TORCH_ELASTIC_SHUTDOWN_TIMEOUT or 30 s, torch/distributed/
+# launcher/api.py), so the trainer's SIGTERM checkpoint gets almost all of it.
+STOP_GRACE_SECONDS = 120
+TORCHRUN_EXIT_SECONDS = 10  # of the grace: torchrun's own exit and the supervisor's status write after it
 # The SSM document's step (aws:runShellScript timeoutSeconds) stops a node command after this long.
 COMMAND_TIMEOUT_SECONDS = 900
 # What `cancel` may still need after its SIGTERM wait: up to 10 s for the end to be recorded after SIGKILL,
@@ -54,6 +59,7 @@ class JobSpec:
     # key=value items: training's --set overrides, or commcheck's options (build_option_args)
     overrides: tuple[str, ...] = field(default_factory=tuple)
     module: str = TRAINING_MODULE  # one of MODULES: what torchrun runs
+    stop_grace_seconds: int = STOP_GRACE_SECONDS  # SIGTERM to SIGKILL: the unit's and (less its exit) torchrun's
 
     def validate(self) -> None:
         validate_job_id(self.job_id)
@@ -71,6 +77,8 @@ class JobSpec:
             ("rendezvous-host", self.rendezvous_host, bool(HOST_RE.fullmatch(self.rendezvous_host)),
              "an IP address or host name"),
             ("max-restarts", self.max_restarts, 0 <= self.max_restarts <= 100, "0-100"),
+            ("stop-grace-seconds", self.stop_grace_seconds,
+             TORCHRUN_EXIT_SECONDS < self.stop_grace_seconds <= 3600, f"{TORCHRUN_EXIT_SECONDS + 1}-3600"),
         ]
         for name, value, ok, allowed in checks:
             if not ok:
@@ -143,6 +151,11 @@ def read_json(path: str) -> Optional[dict[str, object]]:
     return data if isinstance(data, dict) else None
 
 
+def torchrun_shutdown_timeout(stop_grace_seconds: int) -> int:
+    """torchrun's --shutdown-timeout inside a job's stop grace: the workers' time to save after SIGTERM."""
+    return stop_grace_seconds - TORCHRUN_EXIT_SECONDS
+
+
 def build_torchrun_argv(settings: JobSettings, spec: JobSpec) -> list[str]:
     """The command every node runs. c10d rendezvous on the first node: the same argv on every node, node
     ranks assigned by the rendezvous (torchrun docs, "Usage: multi-node multi-worker"). The trainer gets
@@ -155,6 +168,7 @@ def build_torchrun_argv(settings: JobSettings, spec: JobSpec) -> list[str]:
         "--rdzv-endpoint", f"{spec.rendezvous_host}:{settings.rendezvous_port}",
         "--rdzv-id", spec.job_id,
         "--max-restarts", str(spec.max_restarts),
+        "--shutdown-timeout", str(torchrun_shutdown_timeout(spec.stop_grace_seconds)),
         "-m", spec.module,
     ]
     if spec.module == COMMCHECK_MODULE:

@@ -153,7 +153,7 @@ def expected_argv(node_root: Path, job_id: str):
     return [
         "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "8", "--rdzv-backend", "c10d",
         "--rdzv-endpoint", "10.0.1.17:29400", "--rdzv-id", job_id, "--max-restarts", "2",
-        "-m", "training", "--config", "training/configs/tiny-cpu.toml", "--resume", "auto",
+        "--shutdown-timeout", "110", "-m", "training", "--config", "training/configs/tiny-cpu.toml", "--resume", "auto",
         "--set", f"checkpoint.dir={node_root}/fsx/checkpoints/{job_id}",
         "--set", "optim.lr=3e-4", "--set", "train.steps=100",
     ]
@@ -208,7 +208,7 @@ def test_commcheck_job_runs_the_check_module_with_options_and_status_reports_bus
     assert record["argv"] == [
         "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "8", "--rdzv-backend", "c10d",
         "--rdzv-endpoint", "10.0.1.17:29400", "--rdzv-id", "j-cc-1", "--max-restarts", "0",
-        "-m", "training.commcheck",
+        "--shutdown-timeout", "110", "-m", "training.commcheck",
         "--sizes-mib", "64,1024", "--min-busbw-gbps", "350", "--dtype", "bfloat16",
     ]  # no --config, --resume or checkpoint.dir
     spec = json.loads((node.root / "var/lib/cluster/jobs/j-cc-1/job.json").read_text())
