@@ -120,6 +120,13 @@ PARAMETERS: dict[str, dict[str, Any]] = {
         "default": "",
         "allowedPattern": f"^({_OVERRIDE}( {_OVERRIDE})*)?$",
     },
+    "resumeFrom": {
+        "type": "String",
+        "description": "start, training: another job's id; the job starts from the newest complete checkpoint "
+        "in that job's directory when its own has none (it saves only to its own). Empty: only its own.",
+        "default": "",
+        "allowedPattern": _optional(node_jobs.JOB_ID_RE.pattern),
+    },
     "cancelTimeoutSeconds": {
         "type": "String",
         "description": f"cancel: seconds between SIGTERM and SIGKILL, 0-{node_jobs.MAX_CANCEL_TIMEOUT_SECONDS}.",
@@ -141,6 +148,7 @@ ACTION_OPTIONS: dict[str, tuple[tuple[str, str], ...]] = {
         ("--rendezvous-host", "rendezvousHost"),
         ("--max-restarts", "maxRestarts"),
         ("--overrides", "overrides"),
+        ("--resume-from", "resumeFrom"),
     ),
     "status": (("--job-id", "jobId"),),
     "cancel": (("--job-id", "jobId"), ("--timeout-seconds", "cancelTimeoutSeconds")),

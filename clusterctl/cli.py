@@ -198,6 +198,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=3,
         help="torchrun --max-restarts: whole-job restarts after a failure (default 3)",
     )
+    submit.add_argument(
+        "--resume-from",
+        metavar="JOB",
+        default="",
+        help="start from the newest complete checkpoint of an earlier job (its /fsx/checkpoints/JOB); the new "
+        "job saves only to its own directory. Without it a job starts fresh (each job has its own directory).",
+    )
     submit.set_defaults(handler=commands.submit)
 
     commcheck = add(

@@ -193,7 +193,8 @@ def nodes(args: argparse.Namespace, runtime: Runtime) -> int:
 
 
 def submit(args: argparse.Namespace, runtime: Runtime) -> int:
-    return _submit(args, runtime, node_jobs.TRAINING_MODULE, args.config, tuple(args.overrides))
+    return _submit(args, runtime, node_jobs.TRAINING_MODULE, args.config, tuple(args.overrides),
+                   args.resume_from)
 
 
 def commcheck(args: argparse.Namespace, runtime: Runtime) -> int:
@@ -211,7 +212,12 @@ def commcheck(args: argparse.Namespace, runtime: Runtime) -> int:
 
 
 def _submit(
-    args: argparse.Namespace, runtime: Runtime, module: str, config: str, overrides: tuple[str, ...]
+    args: argparse.Namespace,
+    runtime: Runtime,
+    module: str,
+    config: str,
+    overrides: tuple[str, ...],
+    resume_from: str = "",
 ) -> int:
     """Readiness, the first N ready nodes by private IP, the rendezvous on the first, one SendCommand per
     50 nodes: the same for a training job and a commcheck."""
@@ -225,6 +231,7 @@ def _submit(
         max_restarts=args.max_restarts,
         overrides=overrides,
         module=module,
+        resume_from=resume_from,
     )
     request.validate()  # before any node is looked at
     found = list_nodes(

@@ -71,6 +71,7 @@ class JobRequest:
     max_restarts: int
     overrides: tuple[str, ...] = ()  # training: --set items; commcheck: its options as key=value
     module: str = node_jobs.TRAINING_MODULE  # what torchrun runs (node_bootstrap.jobs.MODULES)
+    resume_from: str = ""  # training: another job whose checkpoints this one starts from; "" = its own only
 
     def validate(self) -> None:
         if self.module not in node_jobs.MODULES:
@@ -85,7 +86,20 @@ class JobRequest:
                     EXIT_USAGE,
                 )
         if self.module == node_jobs.TRAINING_MODULE:
+            try:
+                for item in self.overrides:
+                    node_jobs.check_not_checkpoint_dir(item)
+            except node_jobs.JobError as e:
+                raise ClusterctlError(str(e).replace("overrides item", "--set"), EXIT_USAGE) from None
+            if self.resume_from and not node_jobs.JOB_ID_RE.fullmatch(self.resume_from):
+                raise ClusterctlError(
+                    f"--resume-from={self.resume_from!r}: allowed: the id of an earlier job on this cluster "
+                    "(j-YYYYMMDD-HHMMSS-xxxx)",
+                    EXIT_USAGE,
+                )
             self._validate_config()
+        elif self.resume_from:
+            raise ClusterctlError(f"{self.module} takes no --resume-from", EXIT_USAGE)
         elif self.config:
             raise ClusterctlError(f"{self.module} takes no --config (got {self.config!r})", EXIT_USAGE)
         if not 0 <= self.max_restarts <= 99:
@@ -138,6 +152,8 @@ class JobRequest:
         # stack deployed before the module parameter existed (SSM rejects unknown parameters).
         if self.module != node_jobs.TRAINING_MODULE:
             parameters["module"] = [self.module]
+        if self.resume_from:  # likewise: only sent when asked for
+            parameters["resumeFrom"] = [self.resume_from]
         return parameters
 
 

@@ -5,6 +5,7 @@ Order and why:
   scratch   instance-store NVMe as one fast scratch directory
   lustre    FSx for Lustre at /fsx: training data and checkpoints
   health    the gate: GPUs, ECC, row remapping, Xid, EFA against the catalog
+  jobuser   the unprivileged user jobs run as, in the GPU and EFA devices' groups, owning /scratch
   training  the training package importable in the DLAMI's PyTorch, and the job environment file
   signal    cluster:bootstrap=ready
 A failure in any step stops the sequence, is logged with its reason, tags the instance failed with that
@@ -23,6 +24,7 @@ from node_bootstrap.config import NodeConfig
 from node_bootstrap.health import plan_health
 from node_bootstrap.host import Host
 from node_bootstrap.imds import Imds, ImdsError, InstanceIdentity
+from node_bootstrap.job_user import plan_job_user
 from node_bootstrap.lustre import plan_lustre
 from node_bootstrap.plan import StepError, StepPlan, execute_plan
 from node_bootstrap.readiness import build_reason, plan_ready, signal_failure
@@ -32,7 +34,7 @@ from node_bootstrap.training_env import plan_training
 
 LOG = logging.getLogger("node_bootstrap")
 
-STEPS = ("logging", "scratch", "lustre", "health", "training", "signal")
+STEPS = ("logging", "scratch", "lustre", "health", "jobuser", "training", "signal")
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # failed, and the instance was not (or could not be) tagged and marked Unhealthy
@@ -77,6 +79,7 @@ def _planners(node: Node) -> dict[str, Callable[[], StepPlan]]:
         "scratch": lambda: plan_scratch(c, h, r),
         "lustre": lambda: plan_lustre(c, h, r, sleep=node.sleep),
         "health": lambda: plan_health(c.expected, c.instance_type, r),
+        "jobuser": lambda: plan_job_user(c, h, r),
         "training": lambda: plan_training(c, h, r),
         "signal": lambda: plan_ready(node.identity(), r),
     }

@@ -114,6 +114,15 @@ class ShardBatchSource:
             windows[here] = permute(positions[here], self.num_windows, seed=self.seed, epoch=int(epoch))
         seq_len = self.layout.seq_len
         tokens = np.stack([self.shards.read(int(w) * seq_len, seq_len + 1) for w in windows])
+        # Every id the model sees is checked on the CPU (a max over one micro-batch, microseconds): an id past
+        # the embedding would otherwise be a device-side assert on the GPU, or silent garbage.
+        if int(tokens.max()) >= self.shards.vocab_size:
+            row = int(np.argmax(tokens.max(axis=1)))
+            raise ConfigError(
+                f"data.path={str(self.shards.path)!r}: token id {int(tokens[row].max())} in the window at "
+                f"stream position {int(windows[row]) * seq_len}; allowed: ids below the index's "
+                f"vocab_size={self.shards.vocab_size} (python -m training.prepare writes only those)"
+            )
         return _split(tokens)
 
 
@@ -175,6 +184,26 @@ def _distinct_successors(rng: np.random.Generator, vocab_size: int, branching: i
         table[repeats] = rng.integers(0, vocab_size, size=(int(repeats.sum()), branching))
 
 
+def open_checked_shards(cfg: DataConfig, *, seq_len: int, vocab_size: int) -> TokenShards:
+    """The shard directory at data.path, opened and checked against its index and the model: the index's
+    vocabulary fits model.vocab_size, and the stream holds at least one sample."""
+    try:
+        shards = open_shards(cfg.path)
+    except ShardFormatError as exc:  # reported like any other bad setting, with the file-level detail
+        raise ConfigError(f"data.path={cfg.path!r}: not a usable shard directory: {exc}") from exc
+    if shards.vocab_size > vocab_size:
+        raise ConfigError(
+            f"model.vocab_size={vocab_size}: allowed: >= {shards.vocab_size}, the vocab_size of the "
+            f"shards at data.path={cfg.path!r}"
+        )
+    if shards.num_tokens < seq_len + 1:
+        raise ConfigError(
+            f"data.path={cfg.path!r}: holds {shards.num_tokens} tokens; allowed: at least run.seq_len + 1 = "
+            f"{seq_len + 1}"
+        )
+    return shards
+
+
 def build_batch_source(
     cfg: DataConfig,
     *,
@@ -194,20 +223,7 @@ def build_batch_source(
         return SyntheticBatchSource(
             layout, vocab_size=vocab_size, seed=seed, branching=cfg.synthetic_branching
         )
-    try:
-        shards = open_shards(cfg.path)
-    except ShardFormatError as exc:  # reported like any other bad setting, with the file-level detail
-        raise ConfigError(f"data.path={cfg.path!r}: not a usable shard directory: {exc}") from exc
-    if shards.vocab_size > vocab_size:
-        raise ConfigError(
-            f"model.vocab_size={vocab_size}: allowed: >= {shards.vocab_size}, the vocab_size of the "
-            f"shards at data.path={cfg.path!r}"
-        )
-    if shards.num_tokens < seq_len + 1:
-        raise ConfigError(
-            f"data.path={cfg.path!r}: holds {shards.num_tokens} tokens; allowed: at least run.seq_len + 1 = "
-            f"{seq_len + 1}"
-        )
+    shards = open_checked_shards(cfg, seq_len=seq_len, vocab_size=vocab_size)
     return ShardBatchSource(shards, layout, seed=seed)
 
 

@@ -40,6 +40,8 @@ COMMCHECK_MODULE = "training.commcheck"
 MODULES = (TRAINING_MODULE, COMMCHECK_MODULE)
 # commcheck's overrides become its options (key=value -> --key value, _ -> -): a plain key, no dots.
 _OPTION_KEY_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+# A job's checkpoints go to <checkpointRoot>/<job id> and nowhere else: the launcher sets this key itself.
+CHECKPOINT_DIR_KEY = "checkpoint.dir"
 
 
 def utc_now() -> str:
@@ -60,6 +62,9 @@ class JobSpec:
     overrides: tuple[str, ...] = field(default_factory=tuple)
     module: str = TRAINING_MODULE  # one of MODULES: what torchrun runs
     stop_grace_seconds: int = STOP_GRACE_SECONDS  # SIGTERM to SIGKILL: the unit's and (less its exit) torchrun's
+    # training: another job whose checkpoints this one starts from when its own directory has none (the
+    # operator's explicit choice to load what that job's directory holds); "" = only its own
+    resume_from: str = ""
 
     def validate(self) -> None:
         validate_job_id(self.job_id)
@@ -93,6 +98,22 @@ class JobSpec:
             if self.module == COMMCHECK_MODULE and not _OPTION_KEY_RE.fullmatch(item.split("=", 1)[0]):
                 raise JobError(f"overrides item {item!r}: allowed for {self.module}: option=value with an "
                                "option name of a-z 0-9 _ (e.g. min_busbw_gbps=350)", EXIT_USAGE)
+            check_not_checkpoint_dir(item)
+        if self.resume_from:
+            if self.module != TRAINING_MODULE:
+                raise JobError(f"resume-from={self.resume_from!r}: allowed only for {TRAINING_MODULE}", EXIT_USAGE)
+            if not JOB_ID_RE.fullmatch(self.resume_from) or self.resume_from == self.job_id:
+                raise JobError(f"resume-from={self.resume_from!r}: allowed: the id of another job, whose "
+                               "checkpoint directory this job starts from", EXIT_USAGE)
+
+
+def check_not_checkpoint_dir(item: str) -> None:
+    """A --set of checkpoint.dir is refused: jobs write only their own directory, and --resume auto loads
+    only from there (a directory another job or the checkpoint bucket fills is trusted only on request)."""
+    if item.split("=", 1)[0].strip() == CHECKPOINT_DIR_KEY:
+        raise JobError(f"overrides item {item!r}: not allowed: a job's checkpoints go to <checkpoint root>/<job "
+                       "id>; to start from another job's checkpoints, resume from that job (clusterctl submit "
+                       "--resume-from JOB)", EXIT_USAGE)
 
 
 def validate_cancel_timeout(timeout_seconds: float) -> None:
@@ -105,6 +126,11 @@ def validate_job_id(job_id: str) -> None:
     if not JOB_ID_RE.fullmatch(job_id):
         raise JobError(f"job-id={job_id!r}: allowed: 3-63 of a-z 0-9 -, starting with a letter or digit",
                        EXIT_USAGE)
+
+
+def checkpoint_dir(settings: JobSettings, job_id: str) -> str:
+    """The job's own checkpoint directory: the only one it writes, and the one --resume auto reads."""
+    return f"{settings.checkpoint_root.rstrip('/')}/{job_id}"
 
 
 @dataclass(frozen=True)
@@ -159,7 +185,8 @@ def torchrun_shutdown_timeout(stop_grace_seconds: int) -> int:
 def build_torchrun_argv(settings: JobSettings, spec: JobSpec) -> list[str]:
     """The command every node runs. c10d rendezvous on the first node: the same argv on every node, node
     ranks assigned by the rendezvous (torchrun docs, "Usage: multi-node multi-worker"). The trainer gets
-    its config, resume and a checkpoint directory per job; commcheck gets only its options."""
+    its config, resume (from its own directory; from another job's only with resume_from) and its own
+    checkpoint directory; commcheck gets only its options."""
     argv = [
         settings.python, "-m", "torch.distributed.run",
         "--nnodes", str(spec.nodes),
@@ -173,14 +200,13 @@ def build_torchrun_argv(settings: JobSettings, spec: JobSpec) -> list[str]:
     ]
     if spec.module == COMMCHECK_MODULE:
         return argv + build_option_args(spec.overrides)
-    argv += [
-        "--config", spec.config,
-        "--resume", "auto",
-        "--set", f"checkpoint.dir={settings.checkpoint_root.rstrip('/')}/{spec.job_id}",
-    ]
+    argv += ["--config", spec.config, "--resume", "auto"]
+    if spec.resume_from:
+        argv += ["--resume-from-dir", checkpoint_dir(settings, spec.resume_from)]
     for item in spec.overrides:
         argv += ["--set", item]
-    return argv
+    # last, so that it wins over the config file and anything before it (the trainer's --set: the last wins)
+    return argv + ["--set", f"{CHECKPOINT_DIR_KEY}={checkpoint_dir(settings, spec.job_id)}"]
 
 
 def build_option_args(overrides: tuple[str, ...]) -> list[str]:

@@ -52,7 +52,8 @@ def test_every_parameter_is_constrained(built):
     _, _, template = built
     parameters = document_content(template)["parameters"]
     assert set(parameters) == {"action", "jobId", "module", "config", "nodes", "gpusPerNode",
-                               "rendezvousHost", "maxRestarts", "overrides", "cancelTimeoutSeconds"}
+                               "rendezvousHost", "maxRestarts", "overrides", "resumeFrom",
+                               "cancelTimeoutSeconds"}
     assert parameters["action"]["allowedValues"] == ["start", "status", "cancel"]
     assert parameters["module"]["allowedValues"] == ["training", "training.commcheck"]
     assert parameters["module"]["default"] == "training"
@@ -73,6 +74,7 @@ def test_every_parameter_is_constrained(built):
         ("overrides", "a=1  b=2"),
         ("overrides", "a=1\nid"), ("nodes", "0"), ("nodes", "1|id"), ("maxRestarts", "-1"),
         ("gpusPerNode", "8 "), ("cancelTimeoutSeconds", "999"), ("cancelTimeoutSeconds", "681"),
+        ("resumeFrom", "../j-1"), ("resumeFrom", "j-1;id"),
     ],
 )
 def test_patterns_reject_shell_metacharacters(name, value):
@@ -89,7 +91,7 @@ def test_patterns_reject_shell_metacharacters(name, value):
         ("overrides", "optim.lr=3e-4 train.steps=1000 data.path=/fsx/data/tok-v2"), ("overrides", ""),
         ("overrides", "sizes_mib=64,1024 min_busbw_gbps=350.0 iters=20"),
         ("maxRestarts", "3"), ("cancelTimeoutSeconds", "120"), ("cancelTimeoutSeconds", "0"),
-        ("gpusPerNode", "8"),
+        ("gpusPerNode", "8"), ("resumeFrom", ""), ("resumeFrom", "j-20261119-101500-0a0b"),
     ],
 )
 def test_patterns_accept_what_clusterctl_sends(name, value):
@@ -144,13 +146,14 @@ def test_script_passes_every_parameter_to_the_node_launcher(built, tmp_path):
     assert "export PYTHONPATH=/opt/cluster/bundle" in lines
     values = {"action": "start", "jobId": "j-20261120-231502-ab12", "config": "training/configs/tiny.toml",
               "nodes": "4", "gpusPerNode": "8", "rendezvousHost": "10.0.1.17", "maxRestarts": "2",
-              "overrides": "optim.lr=3e-4 train.steps=10", "cancelTimeoutSeconds": "60"}
+              "overrides": "optim.lr=3e-4 train.steps=10", "cancelTimeoutSeconds": "60",
+              "resumeFrom": "j-20261119-101500-0a0b"}
     parser = node_jobs.build_parser()
     start = parser.parse_args(run_script(tmp_path, values, lines)[0])
     assert (start.command, start.job_id, start.module, start.config, start.nodes, start.gpus_per_node,
-            start.rendezvous_host, start.max_restarts, start.overrides) == (
+            start.rendezvous_host, start.max_restarts, start.overrides, start.resume_from) == (
         "start", "j-20261120-231502-ab12", "training", "training/configs/tiny.toml", 4, 8, "10.0.1.17", 2,
-        "optim.lr=3e-4 train.steps=10")
+        "optim.lr=3e-4 train.steps=10", "j-20261119-101500-0a0b")
     status = parser.parse_args(run_script(tmp_path, {**values, "action": "status"}, lines)[0])
     assert (status.command, status.job_id) == ("status", "j-20261120-231502-ab12")
     cancel = parser.parse_args(run_script(tmp_path, {**values, "action": "cancel"}, lines)[0])

@@ -151,6 +151,27 @@ def test_submit_checks_set_items_against_the_training_config_before_sending(cli,
     assert sent == []  # nothing reached a node
 
 
+def test_submit_refuses_another_checkpoint_dir_and_resumes_another_job_only_on_request(cli, sent, cluster):
+    refused = cli("submit", "--config", "training/configs/tiny-cpu.toml", "--set",
+                  "checkpoint.dir=/fsx/checkpoints/j-20261119-101500-0a0b")
+    assert refused.code == EXIT_USAGE and sent == []
+    assert refused.err.startswith(
+        "clusterctl: error: --set 'checkpoint.dir=/fsx/checkpoints/j-20261119-101500-0a0b': not allowed: a "
+        "job's checkpoints go to <checkpoint root>/<job id>; to start from another job's checkpoints, resume "
+        "from that job (clusterctl submit --resume-from JOB)")
+    bad = cli("submit", "--config", "training/configs/tiny-cpu.toml", "--resume-from", "../j-1")
+    assert bad.code == EXIT_USAGE and "--resume-from='../j-1': allowed: the id of an earlier job" in bad.err
+    assert sent == []
+
+    result = cli("submit", "--config", "training/configs/tiny-cpu.toml", "--resume-from",
+                 "j-20261119-101500-0a0b")
+    assert result.code == EXIT_OK, result.err
+    (command,) = sent
+    assert command["Parameters"]["resumeFrom"] == ["j-20261119-101500-0a0b"]
+    plain = cli("submit", "--config", "training/configs/tiny-cpu.toml")
+    assert plain.code == EXIT_OK and "resumeFrom" not in sent[-1]["Parameters"]  # only sent when asked
+
+
 def test_clusterctl_validates_training_configs_without_torch():
     # clusterctl's requirements have no torch: the trainer's config loader must not need it.
     code = (

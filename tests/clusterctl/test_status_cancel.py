@@ -3,6 +3,7 @@ invocation with empty output), fed with what node_bootstrap.jobs really prints o
 
 import datetime
 import json
+import os
 import subprocess
 import sys
 import time
@@ -64,6 +65,10 @@ class FakeNode:
             f"FAKE_RANK0={int(rank0)}\n"
         )
         (root / "opt/cluster/bundle").mkdir(parents=True)
+        # the jobuser boot step's user database; the job user is whoever runs the tests
+        (root / "etc/passwd").write_text(
+            f"cluster-job:x:{os.getuid()}:{os.getgid()}::/var/lib/cluster-job:/bin/false\n")
+        (root / "etc/group").write_text(f"cluster-job:x:{os.getgid()}:\n")
         python = root / "opt/pytorch/bin/python"
         python.parent.mkdir(parents=True)
         python.write_text(STAND_IN.format(python=sys.executable))
