@@ -251,7 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
         "Per node: running, succeeded, failed (exit code) or cancelled; last step and loss (for a commcheck: "
         "its all_reduce busbw); the network NCCL chose (Libfabric/efa is EFA, Socket is TCP).",
         epilog="Exits 1, with a warning on stderr naming the nodes, when a job of more than one node has "
-        "NCCL on TCP (Socket, or a libfabric provider other than efa) instead of EFA on any node.",
+        "NCCL on TCP (Socket, or a libfabric provider other than efa) instead of EFA on any node; exits 1 when "
+        "a node did not answer (state unknown), and with one line when no node has the job or all of its "
+        "nodes are gone. Nodes the Auto Scaling group replaced are shown as gone (replaced) and not asked.",
     )
     status.add_argument("job_id", metavar="JOB")
     status.set_defaults(handler=commands.status)
@@ -264,7 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     cancel = add(
         "cancel",
-        "SIGTERM the job on every node so the trainer checkpoints, then kill what is left after the timeout.",
+        "SIGTERM the job on every node that is left (replaced nodes are shown as gone) so the trainer "
+        "checkpoints, then kill what is left after the timeout.",
     )
     cancel.add_argument("job_id", metavar="JOB")
     cancel.add_argument(
