@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import sys
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,6 +163,9 @@ class FakeNode:
     dlami_mounts_on_start: bool = True  # `systemctl start dlami-nvme.service` finishes the AMI's mount
     daemon_reloads: int = 0
     units: dict = field(default_factory=lambda: {"nvidia-fabricmanager": "active"})  # is-active answers
+    cuda_probe: dict = field(default_factory=lambda: {  # what node_bootstrap.cuda_probe prints on a good P5
+        "ok": True, "error": None, "count": 8,
+        "devices": [{"index": i, "ok": True, "error": None} for i in range(8)]})
 
     # ----- building the machine -----
     def path(self, node_path: str) -> str:
@@ -347,6 +351,8 @@ class FakeNode:
         raise AssertionError(f"unexpected aws call {argv}")
 
     def python(self, argv):
+        if argv[1:3] == ["-m", "node_bootstrap.cuda_probe"]:
+            return (0 if self.cuda_probe["ok"] else 1), json.dumps(self.cuda_probe) + "\n"
         code = argv[2]
         if "sysconfig" in code:
             return 0, SITE_PACKAGES + "\n"
@@ -422,6 +428,7 @@ def build_fake_node(root: Path, *, dry_run: bool = False, instance_store: int = 
     runner.on("journalctl", lambda argv: (0, fixture_text(node.kernel_log)))
     runner.on("aws", node.aws)
     runner.on("python", node.python, on_path=False)  # run by absolute path
+    runner.on(os.path.basename(sys.executable), node.python, on_path=False)  # the CUDA probe's interpreter
     runner.on("amazon-cloudwatch-agent-ctl", node.agent_ctl, on_path=False)
     node.write("/opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-ctl", "#!/bin/sh\n")
     return node

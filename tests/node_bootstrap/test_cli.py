@@ -44,7 +44,8 @@ def test_a_failed_health_gate_tags_failed_marks_unhealthy_and_exits_3(fake_node,
     assert fake_node.tags["cluster:bootstrap"] == "failed"
     assert fake_node.tags["cluster:bootstrap-reason"] == (
         "health: health gate failed: xid: node unusable: "
-        "Xid 79 on 0000:b9:00: GPU has fallen off the bus (no longer reachable over PCIe) (NVIDIA: RESTART_BM)")
+        "Xid 79 on 0000:b9:00: GPU has fallen off the bus (no longer reachable over PCIe) (NVIDIA: RESTART_BM) "
+        "(read: journalctl -k -b 0)")
     assert fake_node.health_status == "Unhealthy"
     log = (fake_node.root / "var/log/cluster/bootstrap.log").read_text()
     assert "ERROR bootstrap failed in step health: health gate failed" in log
