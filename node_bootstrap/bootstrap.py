@@ -43,6 +43,7 @@ from node_bootstrap.training_env import plan_training
 LOG = logging.getLogger("node_bootstrap")
 
 STEPS = ("logging", "scratch", "lustre", "health", "training", "signal")
+SIGNALLED_MARKER = "/var/lib/cluster/bootstrap-signalled"  # user_data.sh reads it: do not signal again
 # Steps whose failure leaves the node usable: logged and reported, never a reason to replace a healthy P5.
 NONFATAL_STEPS = frozenset({"logging"})
 
@@ -183,6 +184,10 @@ def _signal_failure(node: Node, steps: Sequence[str], reason: str, key: str) -> 
     except (StepError, CommandError) as e:
         LOG.error("could not mark the instance failed and Unhealthy: %s", e)
         return EXIT_FAILED
+    try:
+        node.host.write_text(SIGNALLED_MARKER, build_reason(reason) + "\n")
+    except OSError as e:  # the shim may then signal a second time: harmless, the reason tag is overwritten
+        LOG.warning("could not write %s: %s", SIGNALLED_MARKER, e)
     LOG.error("tagged %s cluster:bootstrap=failed and marked it Unhealthy: its Auto Scaling group will "
               "replace it unless it is in protected mode", identity.instance_id)
     return EXIT_FAILED_SIGNALLED
