@@ -1,14 +1,14 @@
 """A checkpoint is verified before it counts.
 
 At each save, on the training thread and before DCP copies anything, the state is described: per entry its
-kind, dtype, global and local shape and, for an asynchronous save, a fingerprint of its bits (the int64 sum
-of the elements' bit patterns, exact and independent of summation order, so a GPU tensor and its CPU copy
-agree). The planner DCP runs for that save checks the state it is handed against the description: for an
-asynchronous save that is the staged CPU copy about to be written (on DCP's background thread), for a
-blocking save the live state. It checks the same entries, kinds, dtypes and shapes, no FP8 dtype (the
-checkpoint holds high-precision values), every floating value finite, and for asynchronous saves the same
-bits as the live state had when the save began: the check that catches a staging copy of uninitialised
-memory, which is finite more often than not.
+kind, dtype, global and local shape and, for an asynchronous save, a fingerprint of its bits (the sum of the
+elements' bit patterns as integers of their width, wrapping: exact and independent of summation order, so a
+GPU tensor and its CPU copy agree). The planner DCP runs for that save checks the state it is handed against
+the description: for an asynchronous save that is the staged CPU copy about to be written (on DCP's
+background thread), for a blocking save the live state. It checks the same entries, kinds, dtypes and
+shapes, no FP8 dtype (the checkpoint holds high-precision values), every floating value finite, and for
+asynchronous saves the same bits as the live state had when the save began: the check that catches a
+staging copy of uninitialised memory, which is finite more often than not.
 
 A failed check raises inside DCP's planning step; DCP gathers the failure to the coordinator and fails the
 save on every rank before any shard or ``.metadata`` is written (DefaultSavePlanner runs inside
@@ -16,7 +16,8 @@ save on every rank before any shard or ``.metadata`` is written (DefaultSavePlan
 
 Cost: one read of every tensor for the description (fingerprints only for asynchronous saves; on a GPU one
 reduction kernel per tensor, then one device-to-host copy of the results) and two reads of the staged copy
-on the background thread, in chunks of ``CHUNK_ELEMENTS`` so the temporaries stay small.
+on the background thread, in chunks of ``CHUNK_ELEMENTS`` so the temporaries stay small (measured figures in
+docs/operations.md).
 """
 
 from __future__ import annotations
@@ -53,27 +54,27 @@ class EntrySpec:
     dtype: torch.dtype | None = None
     shape: tuple[int, ...] | None = None  # global shape
     local_shape: tuple[int, ...] | None = None  # this rank's shard (= shape for a plain tensor)
-    fingerprint: int | None = None  # tensors: int64 sum of the bit patterns; bytes: CRC-32
+    fingerprint: int | None = None  # tensors: wrapped sum of the bit patterns (_bit_sum); bytes: CRC-32
     value: Any = None  # plain Python values (optimizer hyperparameters, ...): the value itself
 
 
 def describe(state: Any, *, fingerprints: bool) -> dict[str, EntrySpec]:
     """The description ``verify`` checks against; collective-free, one device sync in all."""
     specs: dict[str, EntrySpec] = {}
-    pending: list[tuple[str, torch.Tensor]] = []
+    pending: list[tuple[str, torch.Tensor, int]] = []
     for key, value in iter_leaves(state):
         if isinstance(value, torch.Tensor):
             local = _local(value)
             specs[key] = EntrySpec(kind=_tensor_kind(value), dtype=value.dtype, shape=tuple(value.shape),
                                    local_shape=tuple(local.shape))
             if fingerprints:
-                pending.append((key, _bit_sum(local)))
+                pending.append((key, _bit_sum(local), local.element_size()))
         else:
             specs[key] = _value_spec(value)
     if pending:
-        sums = torch.stack([s.cpu() for _, s in pending]).tolist()
-        for (key, _), total in zip(pending, sums, strict=True):
-            specs[key] = _replace_fingerprint(specs[key], total)
+        sums = torch.stack([s.cpu() for _, s, _ in pending]).tolist()
+        for (key, _, size), total in zip(pending, sums, strict=True):
+            specs[key] = _replace_fingerprint(specs[key], _fingerprint(total, size))
     return specs
 
 
@@ -138,7 +139,7 @@ def _content_problems(tensors: list[tuple[str, torch.Tensor, EntrySpec]]) -> lis
     if fingerprinted:
         totals = torch.stack([_bit_sum(_local(tensors[i][1])).cpu() for i in fingerprinted]).tolist()
         for i, total in zip(fingerprinted, totals, strict=True):
-            sums[i] = total
+            sums[i] = _fingerprint(total, tensors[i][1].element_size())
     problems = []
     for (key, _, spec), ok, total in zip(tensors, finite, sums, strict=True):
         if not ok:
@@ -150,7 +151,9 @@ def _content_problems(tensors: list[tuple[str, torch.Tensor, EntrySpec]]) -> lis
 
 
 def _bit_sum(tensor: torch.Tensor) -> torch.Tensor:
-    """0-d int64 tensor on ``tensor``'s device: the sum of its elements' bit patterns (wrapping)."""
+    """0-d int64 tensor on ``tensor``'s device whose value modulo 2**(8 * element size) is the sum of the
+    elements' bit patterns (read as integers of the element's width, wrapping): exact, and the same for any
+    summation order and device. Same-width integer sums run at memory speed; widening ones do not."""
     flat = tensor.detach().reshape(-1)
     int_dtype = _BITS_AS_INT.get(flat.element_size())
     if int_dtype is None:
@@ -158,17 +161,27 @@ def _bit_sum(tensor: torch.Tensor) -> torch.Tensor:
     bits = flat.view(int_dtype)
     total = torch.zeros((), dtype=torch.int64, device=flat.device)
     for start in range(0, bits.numel(), CHUNK_ELEMENTS):
-        total += bits[start:start + CHUNK_ELEMENTS].sum(dtype=torch.int64)
+        total += bits[start:start + CHUNK_ELEMENTS].sum(dtype=int_dtype)
     return total
 
 
+def _fingerprint(total: int, element_size: int) -> int:
+    return total % (1 << (8 * element_size))
+
+
 def _all_finite(tensor: torch.Tensor) -> torch.Tensor:
+    """0-d bool tensor: every element is finite. On the CPU a chunk whose sum is finite is (a NaN or an Inf
+    makes the sum NaN or Inf) and needs no element-wise pass, several times faster; on a GPU the
+    element-wise pass is fast and needs no host sync per chunk."""
     flat = tensor.detach().reshape(-1)
     ok = torch.ones((), dtype=torch.bool, device=flat.device)
     if not (flat.is_floating_point() or flat.is_complex()):
         return ok
     for start in range(0, flat.numel(), CHUNK_ELEMENTS):
-        ok &= torch.isfinite(flat[start:start + CHUNK_ELEMENTS]).all()
+        chunk = flat[start:start + CHUNK_ELEMENTS]
+        if flat.device.type == "cpu" and bool(torch.isfinite(chunk.sum())):
+            continue
+        ok &= torch.isfinite(chunk).all()  # also where a sum of finite values overflowed
     return ok
 
 

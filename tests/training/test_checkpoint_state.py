@@ -230,3 +230,16 @@ def test_without_fingerprints_only_the_form_and_finiteness_are_checked():
     staged["model"]["w"][0, 0] = float("nan")
     with pytest.raises(CheckpointVerificationError, match="non-finite"):
         verify(staged, expected)
+
+
+def test_finite_values_whose_sum_overflows_are_finite_and_every_width_is_fingerprinted():
+    state = {"half": torch.full((8,), 60000.0, dtype=torch.float16),  # the sum overflows float16
+             "bf16": torch.linspace(-3, 3, 7, dtype=torch.bfloat16), "flags": torch.tensor([True, False]),
+             "f64": torch.arange(3, dtype=torch.float64)}
+    expected = describe(state, fingerprints=True)
+    verify({k: v.clone() for k, v in state.items()}, expected)
+    for key in state:
+        staged = {k: v.clone() for k, v in state.items()}
+        staged[key].view(torch.uint8)[0] ^= 1  # one flipped bit
+        with pytest.raises(CheckpointVerificationError, match=rf"{key}: its bits differ"):
+            verify(staged, expected)

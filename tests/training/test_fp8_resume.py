@@ -73,6 +73,7 @@ def chain(request, tmp_path_factory) -> ResumeChain:
 
 def test_the_periodic_saves_were_asynchronous_and_complete(chain):
     assert chain.straight.returncode == 0, chain.straight.output
+    assert "fp8 backend torchao" in chain.straight.output
     for step in (3, 6, 9):
         assert f"checkpoint step {step}: staged in " in chain.straight.output  # dcp.async_save, not a fallback
     assert complete_steps(chain.straight_root) == [3, 6, 9, 12]
