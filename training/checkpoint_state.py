@@ -115,7 +115,7 @@ def _plain_tensor(tensor: torch.Tensor, key: str) -> torch.Tensor:
         # the parameter's storage, so dcp.load writes into the parameter).
         return DTensor.from_local(inner, tensor.device_mesh, tensor.placements, run_check=False,
                                   shape=tensor.shape, stride=tensor.stride())
-    if type(tensor) is torch.Tensor or isinstance(tensor, nn.Parameter):
+    if type(tensor) in (torch.Tensor, nn.Parameter):  # not isinstance: a Parameter may wrap a subclass
         return tensor
     return _unwrap_high_precision(tensor, key)
 

@@ -59,7 +59,7 @@ class EntrySpec:
 
 
 def describe(state: Any, *, fingerprints: bool) -> dict[str, EntrySpec]:
-    """The description ``verify`` checks against; collective-free, one device sync in all."""
+    """The description ``verify`` checks against; no collectives, one device-to-host copy per device."""
     specs: dict[str, EntrySpec] = {}
     pending: list[tuple[str, torch.Tensor, int]] = []
     for key, value in iter_leaves(state):
@@ -72,7 +72,7 @@ def describe(state: Any, *, fingerprints: bool) -> dict[str, EntrySpec]:
         else:
             specs[key] = _value_spec(value)
     if pending:
-        sums = torch.stack([s.cpu() for _, s, _ in pending]).tolist()
+        sums = _to_host([s for _, s, _ in pending])
         for (key, _, size), total in zip(pending, sums, strict=True):
             specs[key] = _replace_fingerprint(specs[key], _fingerprint(total, size))
     return specs
@@ -119,7 +119,7 @@ class VerifyingSavePlanner(DefaultSavePlanner):
 
 def _tensor_problem(value: torch.Tensor, spec: EntrySpec) -> str | None:
     local = _local(value)
-    if _tensor_kind(value) != spec.kind or type(local) is not torch.Tensor:
+    if _tensor_kind(value) != spec.kind or type(local) not in (torch.Tensor, torch.nn.Parameter):
         return f"a {type(value).__name__} over a {type(local).__name__}, expected a {spec.kind} over a Tensor"
     if value.dtype != spec.dtype or value.dtype in FP8_DTYPES:
         return f"dtype {value.dtype}, expected {spec.dtype} (and no FP8 dtype)"
@@ -130,14 +130,14 @@ def _tensor_problem(value: torch.Tensor, spec: EntrySpec) -> str | None:
 
 
 def _content_problems(tensors: list[tuple[str, torch.Tensor, EntrySpec]]) -> list[str]:
-    """Non-finite values and changed bits, found with one device sync for all tensors."""
+    """Non-finite values and changed bits, read back with one device-to-host copy per device."""
     if not tensors:
         return []
-    finite = torch.stack([_all_finite(_local(t)).cpu() for _, t, _ in tensors]).tolist()
+    finite = _to_host([_all_finite(_local(t)) for _, t, _ in tensors])
     fingerprinted = [i for i, (_, _, spec) in enumerate(tensors) if spec.fingerprint is not None]
     sums: list[int | None] = [None] * len(tensors)
     if fingerprinted:
-        totals = torch.stack([_bit_sum(_local(tensors[i][1])).cpu() for i in fingerprinted]).tolist()
+        totals = _to_host([_bit_sum(_local(tensors[i][1])) for i in fingerprinted])
         for i, total in zip(fingerprinted, totals, strict=True):
             sums[i] = _fingerprint(total, tensors[i][1].element_size())
     problems = []
@@ -183,6 +183,18 @@ def _all_finite(tensor: torch.Tensor) -> torch.Tensor:
             continue
         ok &= torch.isfinite(chunk).all()  # also where a sum of finite values overflowed
     return ok
+
+
+def _to_host(scalars: list[torch.Tensor]) -> list[Any]:
+    """The values of 0-d tensors, with one device-to-host copy per device (not one sync per tensor)."""
+    values: list[Any] = [None] * len(scalars)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, scalar in enumerate(scalars):
+        by_device.setdefault(scalar.device, []).append(i)
+    for indices in by_device.values():
+        for i, value in zip(indices, torch.stack([scalars[i] for i in indices]).tolist(), strict=True):
+            values[i] = value
+    return values
 
 
 def _value_spec(value: Any) -> EntrySpec:
