@@ -54,9 +54,9 @@ def _node_role_suppressions(stack: Stack) -> None:
             ),
             NagPackSuppression(
                 id="AwsSolutions-IAM5",
-                reason="cloudwatch:PutMetricData and ec2:DescribeTags have no resource-level permissions; a "
-                "cloudwatch:namespace condition limits metrics to the agent's and the trainer's namespaces, "
-                "and DescribeTags only reads.",
+                reason="cloudwatch:PutMetricData, ec2:DescribeTags and autoscaling:DescribeTags have no "
+                "resource-level permissions; a cloudwatch:namespace condition limits metrics to the agent's and "
+                "the trainer's namespaces, and the DescribeTags calls only read.",
                 applies_to=["Resource::*"],
             ),
             NagPackSuppression(
@@ -68,7 +68,8 @@ def _node_role_suppressions(stack: Stack) -> None:
             NagPackSuppression(
                 id="AwsSolutions-IAM5",
                 reason="An Auto Scaling group ARN contains a generated id; the group name part is fixed, so a node "
-                "can only set health in its own group.",
+                "can only set health, suspend processes (protected mode) and write the protected-mode tag keys "
+                "(limited by an aws:TagKeys condition) in its own group.",
                 applies_to=[
                     RegexAppliesTo(
                         regex=r"/^Resource::arn:[^:]+:autoscaling:.*:autoScalingGroup\/"

@@ -160,7 +160,8 @@ def test_node_role_permissions_are_scoped(p5):
         "StringEquals": {"aws:ResourceTag/aws:autoscaling:groupName": "Test-nodes"},
         "ForAllValues:StringEquals": {"aws:TagKeys": ["cluster:bootstrap", "cluster:bootstrap-reason"]},
     }
-    health = by_action[json.dumps("autoscaling:SetInstanceHealth")]
+    # minimizePolicies merges the statements on the group ARN without conditions into one.
+    health = by_action[json.dumps(["autoscaling:SetInstanceHealth", "autoscaling:SuspendProcesses"])]
     # {"Fn::Join": ["", ["arn:aws:autoscaling:us-east-1:", {"Ref": "AWS::AccountId"}, ":autoScalingGroup/..."]]}
     assert health["Resource"]["Fn::Join"][1][-1] == ":autoScalingGroup/*:autoScalingGroupName/Test-nodes"
     metrics = by_action[json.dumps("cloudwatch:PutMetricData")]
@@ -171,7 +172,22 @@ def test_node_role_permissions_are_scoped(p5):
         "arn:aws:logs:us-east-1:111122223333:log-group:/training-cluster/Test:log-stream:*",
     ]
     wildcard = [s for s in _statements(template) if s["Resource"] == "*"]
-    assert {json.dumps(s["Action"]) for s in wildcard} == {'"cloudwatch:PutMetricData"', '"ec2:DescribeTags"'}
+    assert {json.dumps(s["Action"]) for s in wildcard} == {
+        '"cloudwatch:PutMetricData"', '["autoscaling:DescribeTags", "ec2:DescribeTags"]'}
+    # Protected mode: its own group's tags (these keys only) and its ReplaceUnhealthy process.
+    group_tags = by_action[json.dumps(["autoscaling:CreateOrUpdateTags", "autoscaling:DeleteTags"])]
+    assert group_tags["Resource"] == health["Resource"]
+    assert group_tags["Condition"] == {"ForAllValues:StringLike": {"aws:TagKeys": [
+        "cluster:bootstrap-failure:*", "cluster:bootstrap-last-success", "cluster:protected"]}}
+    assert "Condition" not in health
+
+
+def test_group_tag_keys_match_what_the_nodes_write():
+    from cluster_constructs.compute import GROUP_TAG_KEY_PATTERNS
+    from node_bootstrap import protection
+
+    assert GROUP_TAG_KEY_PATTERNS == [protection.FAILURE_TAG_PREFIX + "*", protection.LAST_SUCCESS_TAG,
+                                      protection.PROTECTED_TAG]
 
 
 def test_odcr_is_targeted_by_the_group_reservations_only():
