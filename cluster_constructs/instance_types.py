@@ -177,11 +177,20 @@ def get_instance_type(name: str) -> InstanceType:
         raise UnknownInstanceType(f"unknown instance type {name!r}; allowed: {allowed}") from None
 
 
+# CUDA device names of PCIe and NVL boards carry these words ("NVIDIA H100 PCIe", "NVIDIA H100 NVL"). No
+# instance type here has such a board, and their peaks are lower than the SXM parts': a name with one of
+# them matches no entry.
+NON_SXM_BOARD_MARKERS = ("PCIE", "NVL")
+
+
 def find_by_gpu_name(device_name: str) -> InstanceType | None:
     """The first catalog entry whose GPU model appears in a CUDA device name, e.g.
-    "NVIDIA H100 80GB HBM3" -> p5.48xlarge. Used by training to find its MFU peak when it is not told the
+    "NVIDIA H100 80GB HBM3" -> p5.48xlarge; None for a PCIe or NVL board of that model ("NVIDIA H100 PCIe"),
+    which no catalog instance carries. Used by training to find its MFU peak when it is not told the
     instance type."""
     upper = device_name.upper()
+    if any(marker in upper for marker in NON_SXM_BOARD_MARKERS):
+        return None
     for entry in _CATALOG:
         if entry.gpu_model in upper:
             return entry
