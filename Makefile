@@ -6,17 +6,22 @@ VENV := .venv
 BIN := $(VENV)/bin
 STACK := TrainingClusterStack
 
-# jsii warns on every synth that Node 20 is deprecated, and (since 2026-10-30) end-of-life; silence exactly
-# those warnings for Node 20 (the END_OF_LIFE variable takes a list of major versions), not others.
+# Node.js: tools/check_node.py says once per make, in one line, whether yours is one AWS CDK supports (22.x,
+# 24.x), warns on one it no longer supports (Node 20 since 2026-10-30) and stops on one the pinned CLI cannot
+# run on (< 18). jsii would print a 10-line banner on every synth for Node 20; silence exactly that banner
+# (the END_OF_LIFE variable takes a list of major versions), not others.
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 # Synthesis must never reach AWS: no instance-metadata probing for credentials, no CLI telemetry.
 export AWS_EC2_METADATA_DISABLED := true
 export CDK_DISABLE_CLI_TELEMETRY := true
 
-.PHONY: setup synth test lint clean
+.PHONY: setup check-node synth test lint clean
 
-setup: $(VENV)/.installed node_modules/.installed
+setup: check-node $(VENV)/.installed node_modules/.installed
+
+check-node:
+	@$(PYTHON) tools/check_node.py
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "Python >= 3.11 is required (found %s)" % sys.version.split()[0])'
@@ -41,4 +46,4 @@ lint: setup
 	$(BIN)/ruff check --config node_bootstrap/ruff.toml node_bootstrap
 
 clean:
-	rm -rf $(VENV) node_modules cdk.out .pytest_cache
+	rm -rf $(VENV) node_modules cdk.out .pytest_cache .ruff_cache
