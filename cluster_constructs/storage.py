@@ -47,7 +47,14 @@ class ClusterStorage(Construct):
             enforce_ssl=True,
             block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
             object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
-            lifecycle_rules=[s3.LifecycleRule(id="ExpireAccessLogs", expiration=Duration.days(365))],
+            versioned=True,  # a deleted log object stays recoverable for a while: the logs are the audit trail
+            lifecycle_rules=[
+                s3.LifecycleRule(
+                    id="ExpireAccessLogs",
+                    expiration=Duration.days(365),
+                    noncurrent_version_expiration=Duration.days(30),
+                )
+            ],
             removal_policy=RemovalPolicy.RETAIN,
         )
         self.data_bucket = self._bucket(

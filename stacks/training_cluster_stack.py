@@ -1,7 +1,7 @@
 """TrainingClusterStack: wires the cluster's constructs together; every decision lives in a construct.
 
 Build order: observability (log group, alarm topic) -> network -> capacity -> storage -> the node bundle and
-user-data -> nodes -> jobs document -> alarms -> outputs -> cdk-nag suppressions.
+user-data -> nodes -> jobs document -> alarms -> outputs -> cdk-nag suppressions and checkov exceptions.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from cluster_constructs.network import ClusterNetwork
 from cluster_constructs.node_config import BUNDLE_DIR, render_node_config
 from cluster_constructs.observability import ClusterObservability, retention_days
 from cluster_constructs.storage import ClusterStorage
+from stacks.checkov_exceptions import apply_checkov_exceptions
 from stacks.nag_suppressions import apply_nag_suppressions
 from stacks.settings import CAPACITY_BLOCK_SCALE_IN_LEAD, CapacityMode, ClusterSettings
 
@@ -167,6 +168,7 @@ class TrainingClusterStack(Stack):
         for key, value in settings.tags.items():
             Tags.of(self).add(key, value)
         apply_nag_suppressions(self)
+        apply_checkov_exceptions(self)
         self._quiet_cdk_internal_lint()
 
     def _quiet_cdk_internal_lint(self) -> None:

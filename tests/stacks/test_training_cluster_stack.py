@@ -276,3 +276,21 @@ def test_user_data_placeholders_must_appear_exactly_once():
             node_config_json="{}",
             log_group_name="/g",
         )
+
+
+def test_checkov_exceptions_are_on_their_resources_and_in_the_security_doc(synth):
+    from cdk_support import REPO_ROOT
+
+    from stacks.checkov_exceptions import CHECKOV_EXCEPTIONS
+
+    resources = synth("default-p5-on-demand").template_json["Resources"]
+    skips = [skip for r in resources.values() for skip in r.get("Metadata", {}).get("checkov", {}).get("skip", [])]
+    expected = sorted(check for exceptions in CHECKOV_EXCEPTIONS.values() for check, _ in exceptions)
+    assert sorted(skip["id"] for skip in skips) == expected  # every exception found its resource, once
+    assert all(len(skip["comment"]) > 40 for skip in skips)
+    security = (REPO_ROOT / "docs" / "security.md").read_text()
+    rows = {
+        (match.group(1), match.group(2))
+        for match in re.finditer(r"^\| (CKV_AWS_\d+)[^|]* \| `([^`]+)` \|", security, re.M)
+    }
+    assert rows == {(check, path) for path, exceptions in CHECKOV_EXCEPTIONS.items() for check, _ in exceptions}
