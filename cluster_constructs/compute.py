@@ -34,6 +34,8 @@ from cluster_constructs.instance_types import InstanceType
 from stacks.settings import ComputeSettings
 
 BOOTSTRAP_TAG_KEYS = ["cluster:bootstrap", "cluster:bootstrap-reason"]
+# Protected mode's bookkeeping on the group itself (node_bootstrap/protection.py writes these keys).
+GROUP_TAG_KEY_PATTERNS = ["cluster:bootstrap-failure:*", "cluster:bootstrap-last-success", "cluster:protected"]
 CLOUDWATCH_NAMESPACES = ["CWAgent", "TrainingCluster"]  # the agent's and the trainer's metrics
 # What the SSM Agent needs for Run Command and Session Manager, and nothing of AmazonSSMManagedInstanceCore's
 # inventory, patching, association and parameter reads (a node could read every SSM parameter in the account):
@@ -243,6 +245,16 @@ class NodeGroup(Construct):
             iam.PolicyStatement(
                 actions=["autoscaling:SetInstanceHealth"], resources=[self.group_arn_pattern]
             ),
+            # Protected mode: nodes record failures and successes as group tags (only these keys) and, after
+            # too many failures in a row, suspend the group's ReplaceUnhealthy process.
+            iam.PolicyStatement(
+                actions=["autoscaling:CreateOrUpdateTags", "autoscaling:DeleteTags"],
+                resources=[self.group_arn_pattern],
+                conditions={"ForAllValues:StringLike": {"aws:TagKeys": GROUP_TAG_KEY_PATTERNS}},
+            ),
+            iam.PolicyStatement(actions=["autoscaling:SuspendProcesses"], resources=[self.group_arn_pattern]),
+            # DescribeTags has no resource-level permissions (Service Authorization Reference, Auto Scaling).
+            iam.PolicyStatement(actions=["autoscaling:DescribeTags"], resources=["*"]),
         ]
         for statement in statements:
             self.role.add_to_principal_policy(statement)

@@ -9,6 +9,10 @@ Sources (checked 2026-11):
 - Hardware: AWS EC2 User Guide, "Accelerated computing instances" specifications (GPUs, GPU memory, vCPUs,
   network cards, instance store) and "Maximize network bandwidth on instances with multiple network cards"
   (EFA layout: one EFA-only interface per network card; p5/p5e 32, p5en 16, p4d/p4de 4, p6-b200 8).
+- NVSwitch: every type here is an HGX baseboard whose 8 GPUs are joined by NVSwitches (A100, H100, H200,
+  B200 HGX); on those, NVIDIA's Fabric Manager must configure the switches before a CUDA context can be made
+  (NVIDIA Fabric Manager User Guide: "CUDA initialization fails with cudaErrorSystemNotReady" while it is
+  not running).
 - Peak dense (no sparsity) tensor throughput per GPU: NVIDIA datasheets. A100 SXM: 312 BF16, no FP8.
   H100 SXM and H200 SXM: 989 BF16, 1979 FP8. B200 (HGX B200): 2250 BF16, 4500 FP8.
 - On-demand price: Linux, us-east-1, USD per instance-hour, after the June 2025 P4/P5 price reduction. Only
@@ -40,6 +44,7 @@ class InstanceType:
     efa_interfaces: int  # EFA devices that `fi_info -p efa` lists on a correctly wired instance
     nvme_devices: int  # instance-store NVMe SSDs
     nvme_device_gb: int  # size of each instance-store device, GB
+    nvswitch: bool  # GPUs joined by NVSwitches (HGX baseboards): CUDA needs NVIDIA Fabric Manager running
     peak_bf16_tflops_per_gpu: float  # dense BF16 tensor-core peak, TFLOP/s
     peak_fp8_tflops_per_gpu: float | None  # dense FP8 peak, None where the GPU has no FP8 tensor cores
     on_demand_usd_per_hour: float  # us-east-1 Linux on-demand price per instance
@@ -70,6 +75,7 @@ _CATALOG: tuple[InstanceType, ...] = (
         efa_interfaces=4,
         nvme_devices=8,
         nvme_device_gb=1000,
+        nvswitch=True,
         peak_bf16_tflops_per_gpu=312.0,
         peak_fp8_tflops_per_gpu=None,
         on_demand_usd_per_hour=21.96,
@@ -86,6 +92,7 @@ _CATALOG: tuple[InstanceType, ...] = (
         efa_interfaces=4,
         nvme_devices=8,
         nvme_device_gb=1000,
+        nvswitch=True,
         peak_bf16_tflops_per_gpu=312.0,
         peak_fp8_tflops_per_gpu=None,
         on_demand_usd_per_hour=27.45,
@@ -102,6 +109,7 @@ _CATALOG: tuple[InstanceType, ...] = (
         efa_interfaces=32,
         nvme_devices=8,
         nvme_device_gb=3840,
+        nvswitch=True,
         peak_bf16_tflops_per_gpu=989.0,
         peak_fp8_tflops_per_gpu=1979.0,
         on_demand_usd_per_hour=55.04,
@@ -118,6 +126,7 @@ _CATALOG: tuple[InstanceType, ...] = (
         efa_interfaces=32,
         nvme_devices=8,
         nvme_device_gb=3840,
+        nvswitch=True,
         peak_bf16_tflops_per_gpu=989.0,
         peak_fp8_tflops_per_gpu=1979.0,
         on_demand_usd_per_hour=62.12,
@@ -134,6 +143,7 @@ _CATALOG: tuple[InstanceType, ...] = (
         efa_interfaces=16,
         nvme_devices=8,
         nvme_device_gb=3840,
+        nvswitch=True,
         peak_bf16_tflops_per_gpu=989.0,
         peak_fp8_tflops_per_gpu=1979.0,
         on_demand_usd_per_hour=63.30,
@@ -150,6 +160,7 @@ _CATALOG: tuple[InstanceType, ...] = (
         efa_interfaces=8,
         nvme_devices=8,
         nvme_device_gb=3840,
+        nvswitch=True,
         peak_bf16_tflops_per_gpu=2250.0,
         peak_fp8_tflops_per_gpu=4500.0,
         on_demand_usd_per_hour=113.93,

@@ -33,7 +33,8 @@ def _node_role_suppressions(stack: Stack) -> None:
                 "ec2messages:AcknowledgeMessage, DeleteMessage, FailMessage, GetEndpoint, GetMessages, SendReply "
                 "(Run Command and Session Manager only: no parameter, document or inventory access); "
                 "cloudwatch:PutMetricData, limited by a cloudwatch:namespace condition to CWAgent and "
-                "TrainingCluster; and ec2:DescribeTags, which reads the tags of any instance in the Region.",
+                "TrainingCluster; and ec2:DescribeTags and autoscaling:DescribeTags, which read the tags of any "
+                "instance and any Auto Scaling group in the Region.",
                 applies_to=["Resource::*"],
             ),
             NagPackSuppression(
@@ -46,9 +47,12 @@ def _node_role_suppressions(stack: Stack) -> None:
             ),
             NagPackSuppression(
                 id="AwsSolutions-IAM5",
-                reason="autoscaling:SetInstanceHealth on this cluster's Auto Scaling group only; the wildcard is the "
-                "group ARN's generated id. A node may mark any instance of its own group Unhealthy (the action's "
-                "resource is the group, so IAM cannot narrow it to the calling instance), none of another group.",
+                reason="On this cluster's Auto Scaling group only (the wildcard is the group ARN's generated id): "
+                "autoscaling:SetInstanceHealth, so a node may mark any instance of its own group Unhealthy (the "
+                "action's resource is the group: IAM cannot narrow it to the calling instance); "
+                "autoscaling:SuspendProcesses, any process of its own group (protected mode suspends "
+                "ReplaceUnhealthy); CreateOrUpdateTags and DeleteTags for the protected-mode tag keys only "
+                "(aws:TagKeys condition). Nothing on another group.",
                 applies_to=[
                     RegexAppliesTo(
                         regex=r"/^Resource::arn:[^:]+:autoscaling:.*:autoScalingGroup\/"

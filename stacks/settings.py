@@ -68,6 +68,9 @@ SETTING_KEYS = (
     "dataVersionRetentionDays",
     "logRetentionDays",
     "alarmEmail",
+    "bootstrapTimeoutMinutes",
+    "protectedModeFailures",
+    "protectedModeWindowMinutes",
     "tags",
 )
 
@@ -152,6 +155,19 @@ class ObservabilitySettings:
 
 
 @dataclass(frozen=True)
+class BootstrapSettings:
+    """How long a node may take to boot, and when failing nodes stop being replaced (protected mode)."""
+
+    timeout_minutes: int  # the whole node bootstrap; past it the node is marked failed with the reason
+    protected_mode_failures: int  # this many bootstrap failures in a row, for the same reason, ...
+    protected_mode_window_minutes: int  # ... within this window suspend the group's ReplaceUnhealthy
+
+    @property
+    def timeout_seconds(self) -> int:
+        return self.timeout_minutes * 60
+
+
+@dataclass(frozen=True)
 class ClusterSettings:
     region: str
     network: NetworkSettings
@@ -160,6 +176,7 @@ class ClusterSettings:
     storage: StorageSettings
     observability: ObservabilitySettings
     tags: Mapping[str, str]
+    bootstrap: BootstrapSettings
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -214,6 +231,7 @@ def load_settings(
         storage=storage,
         observability=observability,
         tags=tags("tags", context("tags")),
+        bootstrap=_bootstrap_settings(context),
     )
 
 
@@ -346,6 +364,24 @@ def _capacity_settings(
         reservation_instance_count=count,
         reservation_start=start,
         reservation_end=end,
+    )
+
+
+def _bootstrap_settings(context: Callable[[str], Any]) -> BootstrapSettings:
+    timeout = integer("bootstrapTimeoutMinutes", context("bootstrapTimeoutMinutes"), minimum=5, maximum=120)
+    window = integer("protectedModeWindowMinutes", context("protectedModeWindowMinutes"), minimum=5, maximum=1440)
+    if window < timeout:
+        raise invalid(
+            "protectedModeWindowMinutes",
+            window,
+            f"must be >= bootstrapTimeoutMinutes={timeout}: a window shorter than one boot never sees a streak",
+        )
+    return BootstrapSettings(
+        timeout_minutes=timeout,
+        protected_mode_failures=integer(
+            "protectedModeFailures", context("protectedModeFailures"), minimum=1, maximum=100
+        ),
+        protected_mode_window_minutes=window,
     )
 
 

@@ -83,6 +83,8 @@ class TrainingClusterStack(Stack):
             file_system_dns_name=storage.dns_name,
             file_system_mount_name=storage.mount_name,
             log_group_name=observability.log_group.log_group_name,
+            bootstrap=settings.bootstrap,
+            auto_scaling_group_name=group_name,
         )
         user_data = ec2.UserData.custom(
             render_user_data(
@@ -136,6 +138,7 @@ class TrainingClusterStack(Stack):
             bundle_dir=BUNDLE_DIR,
         )
         observability.add_node_alarm(auto_scaling_group_name=group_name)
+        observability.add_protected_mode_alarm(auto_scaling_group_name=group_name)
         observability.add_file_system_alarm(
             file_system_id=storage.file_system.ref, storage_capacity_gib=settings.storage.fsx_storage_gib
         )

@@ -159,7 +159,8 @@ def test_node_role_permissions_are_scoped(p5):
         "ForAllValues:StringEquals": {"aws:TagKeys": ["cluster:bootstrap", "cluster:bootstrap-reason"]},
         "Null": {"aws:TagKeys": "false"},  # no DeleteTags without keys (that deletes every tag)
     }
-    health = by_action[json.dumps("autoscaling:SetInstanceHealth")]
+    # minimizePolicies merges the statements on the group ARN without conditions into one.
+    health = by_action[json.dumps(["autoscaling:SetInstanceHealth", "autoscaling:SuspendProcesses"])]
     # {"Fn::Join": ["", ["arn:aws:autoscaling:us-east-1:", {"Ref": "AWS::AccountId"}, ":autoScalingGroup/..."]]}
     assert health["Resource"]["Fn::Join"][1][-1] == ":autoScalingGroup/*:autoScalingGroupName/Test-nodes"
     metrics = by_action[json.dumps("cloudwatch:PutMetricData")]
@@ -174,9 +175,15 @@ def test_node_role_permissions_are_scoped(p5):
     granted = {(a, json.dumps(s.get("Condition"))) for s in wildcard for a in _actions(s)}
     metrics_condition = json.dumps({"StringEquals": {"cloudwatch:namespace": ["CWAgent", "TrainingCluster"]}})
     assert granted == {
-        *((a, "null") for a in [*SSM_AGENT_ACTIONS, "ec2:DescribeTags"]),
+        *((a, "null") for a in [*SSM_AGENT_ACTIONS, "ec2:DescribeTags", "autoscaling:DescribeTags"]),
         ("cloudwatch:PutMetricData", metrics_condition),
     }
+    # Protected mode: its own group's tags (these keys only) and its ReplaceUnhealthy process.
+    group_tags = by_action[json.dumps(["autoscaling:CreateOrUpdateTags", "autoscaling:DeleteTags"])]
+    assert group_tags["Resource"] == health["Resource"]
+    assert group_tags["Condition"] == {"ForAllValues:StringLike": {"aws:TagKeys": [
+        "cluster:bootstrap-failure:*", "cluster:bootstrap-last-success", "cluster:protected"]}}
+    assert "Condition" not in health
     # no S3 permission at all until the stack names the bundle object
     assert not [s for s in _statements(template) if "s3:" in json.dumps(s["Action"])]
 
@@ -186,6 +193,14 @@ def test_object_download_is_one_object_of_the_bucket():
     (statement,) = [s for s in _statements(template) if "s3:" in json.dumps(s["Action"])]
     assert statement["Action"] == "s3:GetObject"
     assert statement["Resource"] == "arn:aws:s3:::cdk-assets-bucket/0123abcd.zip"  # the region's partition
+
+
+def test_group_tag_keys_match_what_the_nodes_write():
+    from cluster_constructs.compute import GROUP_TAG_KEY_PATTERNS
+    from node_bootstrap import protection
+
+    assert GROUP_TAG_KEY_PATTERNS == [protection.FAILURE_TAG_PREFIX + "*", protection.LAST_SUCCESS_TAG,
+                                      protection.PROTECTED_TAG]
 
 
 def test_odcr_is_targeted_by_the_group_reservations_only():

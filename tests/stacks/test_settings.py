@@ -21,6 +21,9 @@ def test_defaults_from_cdk_json():
     # 4.8 TiB at 1000 MB/s/TiB: ~4.7 GB/s of Lustre throughput, enough to keep checkpoints short.
     assert settings.storage.fsx_throughput_gbps == pytest.approx(4.6875)
     assert settings.tags == {"project": "p5-training-cluster"}
+    assert (settings.bootstrap.timeout_minutes, settings.bootstrap.protected_mode_failures,
+            settings.bootstrap.protected_mode_window_minutes) == (20, 3, 60)
+    assert settings.bootstrap.timeout_seconds == 1200
 
 
 def test_command_line_strings_are_typed():
@@ -172,6 +175,12 @@ BAD_SETTINGS = [
     ),
     ({"instanceType": "p4de.24xlarge", "fsxEfaEnabled": "true"}, "not p4de.24xlarge"),
     ({"dataVersionRetentionDays": "0"}, "dataVersionRetentionDays=0: must be an integer >= 1"),
+    ({"bootstrapTimeoutMinutes": "2"}, "bootstrapTimeoutMinutes=2: must be an integer >= 5 and <= 120"),
+    ({"protectedModeFailures": "0"}, "protectedModeFailures=0: must be an integer >= 1 and <= 100"),
+    (
+        {"bootstrapTimeoutMinutes": "45", "protectedModeWindowMinutes": "30"},
+        "protectedModeWindowMinutes=30: must be >= bootstrapTimeoutMinutes=45",
+    ),
 ]
 
 
