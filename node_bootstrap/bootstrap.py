@@ -5,6 +5,7 @@ Order and why:
   scratch   instance-store NVMe as one fast scratch directory
   lustre    FSx for Lustre at /fsx: training data and checkpoints
   health    the gate: GPUs, ECC, row remapping, Xid, EFA against the catalog
+  jobuser   the unprivileged user jobs run as, in the GPU and EFA devices' groups, owning /scratch
   training  the training package importable in the DLAMI's PyTorch, and the job environment file
   signal    cluster:bootstrap=ready
 Only what makes the node unusable is fatal. A failure in `logging` (the CloudWatch agent) is logged and
@@ -33,6 +34,7 @@ from node_bootstrap.deadline import DeadlineExceeded, Watchdog
 from node_bootstrap.health import HealthGateFailed, plan_health
 from node_bootstrap.host import Host
 from node_bootstrap.imds import Imds, ImdsError, InstanceIdentity
+from node_bootstrap.job_user import plan_job_user
 from node_bootstrap.lustre import plan_lustre
 from node_bootstrap.plan import StepError, StepPlan, execute_plan
 from node_bootstrap.readiness import build_reason, plan_ready, signal_failure
@@ -42,7 +44,7 @@ from node_bootstrap.training_env import plan_training
 
 LOG = logging.getLogger("node_bootstrap")
 
-STEPS = ("logging", "scratch", "lustre", "health", "training", "signal")
+STEPS = ("logging", "scratch", "lustre", "health", "jobuser", "training", "signal")
 SIGNALLED_MARKER = "/var/lib/cluster/bootstrap-signalled"  # user_data.sh reads it: do not signal again
 # Steps whose failure leaves the node usable: logged and reported, never a reason to replace a healthy P5.
 NONFATAL_STEPS = frozenset({"logging"})
@@ -91,6 +93,7 @@ def _planners(node: Node, warnings: list[str]) -> dict[str, Callable[[], StepPla
         "scratch": lambda: plan_scratch(c, h, r),
         "lustre": lambda: plan_lustre(c, h, r, sleep=node.sleep),
         "health": lambda: plan_health(c.expected, c.instance_type, r),
+        "jobuser": lambda: plan_job_user(c, h, r),
         "training": lambda: plan_training(c, h, r),
         "signal": lambda: plan_ready(node.identity(), r, warnings=warnings,
                                      on_ready=lambda: protection.record_success(node.identity(), r, c.bootstrap)),

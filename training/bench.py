@@ -32,8 +32,9 @@ from pathlib import Path
 import torch
 
 from training.bench_torchtitan import build_torchtitan_model, torchtitan_version
+from training.config_sections import BACKENDS, TE_RECIPES, TORCHAO_RECIPES
 from training.errors import ConfigError
-from training.fp8 import BACKENDS, TE_RECIPES, TORCHAO_RECIPES, Fp8Config, build_fp8_backend
+from training.fp8 import Fp8Config, build_fp8_backend
 from training.hardware import device_name, peak_bf16_tflops_per_gpu
 from training.model import (
     MODEL_PRESETS,

@@ -40,6 +40,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from training.checkpoint_state import build_state, load_into
 from training.checkpoint_verify import VerifyingSavePlanner, describe
+from training.config_sections import CheckpointConfig
 from training.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -47,29 +48,6 @@ log = logging.getLogger(__name__)
 MARKER_FILE = "train_state.json"
 DCP_METADATA_FILE = ".metadata"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-
-
-@dataclass
-class CheckpointConfig:
-    """The ``[checkpoint]`` section."""
-
-    dir: str = ""  # checkpoint root; saves go to <dir>/step-<N>/. "" = no saves (--resume PATH still works)
-    interval_steps: int = 0  # save every this many optimizer steps; 0 = only at the end and on SIGTERM
-    keep_last: int = 3  # complete checkpoints kept; older ones are deleted after a newer one completes
-    async_save: bool = True  # periodic saves with dcp.async_save (training continues while it writes)
-    save_final: bool = True  # save after the last step
-
-    def validate(self) -> None:
-        if not isinstance(self.dir, str):
-            raise ConfigError(f"checkpoint.dir={self.dir!r}: allowed: a directory path, or '' for none")
-        if not _is_int(self.interval_steps, minimum=0):
-            raise ConfigError(f"checkpoint.interval_steps={self.interval_steps!r}: allowed: an integer >= 0")
-        if not _is_int(self.keep_last, minimum=1):
-            raise ConfigError(f"checkpoint.keep_last={self.keep_last!r}: allowed: an integer >= 1")
-
-
-def _is_int(value: object, *, minimum: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
 @dataclass(frozen=True)
@@ -93,7 +71,7 @@ def _step_dirs(root: Path) -> list[tuple[int, Path]]:
     """``(step, path)`` of every step-<N> directory under ``root``, oldest first."""
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
+    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.fullmatch(p.name))]
     return sorted(found)
 
 

@@ -17,17 +17,14 @@ import dataclasses
 import functools
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 
+from training.config_sections import Fp8Config
 from training.errors import ConfigError
 
-BACKENDS = ("none", "torchao", "te")
-TORCHAO_RECIPES = ("tensorwise", "rowwise")
-TE_RECIPES = ("delayed", "current")
 TE_MIN_VERSION = (2, 16)  # the first Transformer Engine release whose modules work under FSDP2
 TE_INSTALL = 'pip install --no-build-isolation "transformer_engine[pytorch]>=2.16"'
 # Transformer Engine combinations (te_recipe, feature) that a GPU run has checked end to end with FSDP2
@@ -40,44 +37,6 @@ TE_FEATURES = {
 TE_VERIFIED_ON_GPU: frozenset[tuple[str, str]] = frozenset()
 HIGH_PRECISION_MODULES = ("output",)  # module names (last FQN part) never converted: the output head
 FP8_DIM_MULTIPLE = 16  # FP8 GEMMs need in/out features divisible by 16 (torch._scaled_mm, TE Linear docs)
-
-
-@dataclass
-class Fp8Config:
-    """The ``[fp8]`` section."""
-
-    backend: str = "none"  # none (bf16 matmuls) | torchao (torchao.float8) | te (Transformer Engine >= 2.16)
-    torchao_recipe: str = (
-        "tensorwise"  # torchao scaling: tensorwise | rowwise (per-row scales, more accurate)
-    )
-    te_recipe: str = (
-        "delayed"  # TE scaling: delayed (DelayedScaling, amax history) | current (Float8CurrentScaling)
-    )
-    te_amax_history_len: int = 1024  # steps of amax history for te_recipe = delayed (TE's default)
-    emulate: bool = False  # torchao only: FP8 casts with high-precision matmuls (CPU tests, GPUs without FP8)
-    fsdp_float8_all_gather: bool = (
-        True  # torchao tensorwise: FSDP2 all-gathers weights in FP8 (half the bytes)
-    )
-
-    def validate(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"fp8.backend={self.backend!r}: allowed: {', '.join(BACKENDS)}")
-        if self.torchao_recipe not in TORCHAO_RECIPES:
-            raise ConfigError(
-                f"fp8.torchao_recipe={self.torchao_recipe!r}: allowed: {', '.join(TORCHAO_RECIPES)}"
-            )
-        if self.te_recipe not in TE_RECIPES:
-            raise ConfigError(f"fp8.te_recipe={self.te_recipe!r}: allowed: {', '.join(TE_RECIPES)}")
-        if (
-            isinstance(self.te_amax_history_len, bool)
-            or not isinstance(self.te_amax_history_len, int)
-            or (self.te_amax_history_len < 1)
-        ):
-            raise ConfigError(
-                f"fp8.te_amax_history_len={self.te_amax_history_len!r}: allowed: an integer >= 1"
-            )
-        if self.emulate and self.backend == "te":
-            raise ConfigError("fp8.emulate=True: allowed only with fp8.backend='torchao' (TE cannot emulate)")
 
 
 class Fp8Backend(Protocol):

@@ -21,29 +21,13 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from training.config_sections import DTYPE_NAMES, ParallelConfig
 from training.errors import ConfigError
 
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}  # parallel.*_dtype names -> torch dtypes
 TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class ParallelConfig:
-    """The ``[parallel]`` section."""
-
-    activation_checkpointing: bool = False  # recompute each block's activations in backward (less memory)
-    compile: bool = False  # torch.compile each transformer block (Inductor; slow to start on a CPU)
-    param_dtype: str = "bfloat16"  # FSDP2 MixedPrecisionPolicy: dtype params are gathered in for compute
-    reduce_dtype: str = "float32"  # FSDP2 MixedPrecisionPolicy: dtype of the gradient reduce-scatter
-    reshard_after_forward: bool = True  # free gathered block params after forward (ZeRO-3); False keeps them
-
-    def validate(self) -> None:
-        for name in ("param_dtype", "reduce_dtype"):
-            value = getattr(self, name)
-            if value not in DTYPES:
-                raise ConfigError(f"parallel.{name}={value!r}: allowed: {', '.join(DTYPES)}")
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ from training.parallelize import (
     destroy_distributed,
     init_distributed,
 )
+from training.preflight import run_preflight
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class TrainResult:
 def train(cfg: TrainConfig, *, resume: str = "auto") -> TrainResult:
     """Train per ``cfg``; ``resume`` is ``auto`` | ``none`` | a checkpoint path (checkpoint.resolve_resume).
     Collective: under torchrun every rank calls it."""
+    run_preflight(cfg, rank=int(os.environ.get("RANK", "0")))  # a bad setting fails here, before any build
     # 0) from here on a SIGTERM is a request to stop at the next step boundary, not an immediate death
     with StopRequest() as stop:
         return _build_and_train(cfg, resume, stop)
