@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
@@ -26,6 +27,14 @@ from training.errors import ConfigError
 
 TE_MIN_VERSION = (2, 16)  # the first Transformer Engine release whose modules work under FSDP2
 TE_INSTALL = 'pip install --no-build-isolation "transformer_engine[pytorch]>=2.16"'
+# Transformer Engine combinations (te_recipe, feature) that a GPU run has checked end to end with FSDP2
+# (benchmarks/te_checkpoint_check.py, results in docs/benchmarks.md). TE cannot be installed without CUDA, so
+# the CPU tests cannot; every combination a run uses that is not listed is named at start-up.
+TE_FEATURES = {
+    "resume": "save and bit-exact resume through DCP (FP8 metadata in _extra_state carried as bytes)",
+    "activation_checkpointing": "activation checkpointing through te.checkpoint under FSDP2",
+}
+TE_VERIFIED_ON_GPU: frozenset[tuple[str, str]] = frozenset()
 HIGH_PRECISION_MODULES = ("output",)  # module names (last FQN part) never converted: the output head
 FP8_DIM_MULTIPLE = 16  # FP8 GEMMs need in/out features divisible by 16 (torch._scaled_mm, TE Linear docs)
 
@@ -42,7 +51,10 @@ class Fp8Backend(Protocol):
         """The context each forward runs in (backward needs none)."""
 
     def post_optimizer_step(self, model: nn.Module) -> None:
-        """Called after every optimizer.step()."""
+        """Called after every optimizer.step() (and after a checkpoint is loaded into the weights)."""
+
+    def activation_checkpoint_fn(self) -> Callable[..., Any] | None:
+        """The function activation checkpointing must recompute blocks with; None: torch.utils.checkpoint."""
 
 
 def fp8_eligible(module: nn.Module, fqn: str) -> bool:
@@ -67,6 +79,9 @@ class NoFp8:
 
     def post_optimizer_step(self, model: nn.Module) -> None:
         pass
+
+    def activation_checkpoint_fn(self) -> Callable[..., Any] | None:
+        return None
 
 
 class TorchaoFp8:
@@ -97,6 +112,9 @@ class TorchaoFp8:
     def post_optimizer_step(self, model: nn.Module) -> None:
         if self.fsdp_float8_all_gather:
             self.float8.precompute_float8_dynamic_scale_for_fsdp(model)
+
+    def activation_checkpoint_fn(self) -> Callable[..., Any] | None:
+        return None  # Float8Linear casts inside its own forward, so a plain recompute repeats it exactly
 
 
 class TransformerEngineFp8:
@@ -141,6 +159,23 @@ class TransformerEngineFp8:
 
     def post_optimizer_step(self, model: nn.Module) -> None:
         pass  # TE updates amax histories and scales when the autocast region exits
+
+    def activation_checkpoint_fn(self) -> Callable[..., Any] | None:
+        # torch's checkpoint recomputes a block in backward outside te.autocast, so the recompute runs
+        # without the FP8 recipe (and delayed scaling's amax bookkeeping sees a second forward). TE's
+        # checkpoint re-enters the recipe and TE's recompute context; this is how TE's own FSDP example
+        # wraps blocks (examples/pytorch/fsdp/fsdp.py: checkpoint_wrapper(m,
+        # checkpoint_fn=te.distributed.checkpoint, use_reentrant=False)).
+        return functools.partial(self.te.checkpoint, use_reentrant=False)
+
+
+def te_unverified_combinations(cfg: Fp8Config, *, activation_checkpointing: bool) -> list[str]:
+    """The Transformer Engine combinations this run uses that no GPU run has verified (see TE_FEATURES)."""
+    if cfg.backend != "te":
+        return []
+    features = ["resume"] + (["activation_checkpointing"] if activation_checkpointing else [])
+    return [f"te_recipe={cfg.te_recipe}: {TE_FEATURES[f]}" for f in features
+            if (cfg.te_recipe, f) not in TE_VERIFIED_ON_GPU]
 
 
 def build_fp8_backend(cfg: Fp8Config) -> Fp8Backend:

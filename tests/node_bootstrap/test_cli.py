@@ -46,11 +46,15 @@ def test_a_failed_health_gate_tags_failed_marks_unhealthy_and_exits_3(fake_node,
     assert run_main(fake_node, kit, "run") == 3
     assert fake_node.tags["cluster:bootstrap"] == "failed"
     assert fake_node.tags["cluster:bootstrap-reason"] == (
-        "health: health gate failed: xid: node must be replaced: "
-        "Xid 79 on 0000:b9:00 (GPU has fallen off the bus)")
+        "health: health gate failed: xid: node unusable: "
+        "Xid 79 on 0000:b9:00: GPU has fallen off the bus (no longer reachable over PCIe) (NVIDIA: RESTART_BM) "
+        "(read: journalctl -k -b 0)")
     assert fake_node.health_status == "Unhealthy"
     log = (fake_node.root / "var/log/cluster/bootstrap.log").read_text()
     assert "ERROR bootstrap failed in step health: health gate failed" in log
+    # user_data.sh reads this marker to not signal a second time, even if this process could not exit.
+    marker = (fake_node.root / "var/lib/cluster/bootstrap-signalled").read_text()
+    assert marker.startswith("health: health gate failed: xid: node unusable: Xid 79")
     assert not (fake_node.root / "etc/cluster/training.env").exists()  # later steps did not run
 
 
