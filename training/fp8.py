@@ -31,7 +31,7 @@ TE_INSTALL = 'pip install --no-build-isolation "transformer_engine[pytorch]>=2.1
 # (benchmarks/te_checkpoint_check.py, results in docs/benchmarks.md). TE cannot be installed without CUDA, so
 # the CPU tests cannot; every combination a run uses that is not listed is named at start-up.
 TE_FEATURES = {
-    "resume": "save and bit-exact resume through DCP (FP8 metadata in _extra_state carried as bytes)",
+    "resume": "save and resume through DCP (FP8 metadata in _extra_state carried as bytes)",
     "activation_checkpointing": "activation checkpointing through te.checkpoint under FSDP2",
 }
 TE_VERIFIED_ON_GPU: frozenset[tuple[str, str]] = frozenset()

@@ -203,7 +203,7 @@ def test_the_te_combinations_not_verified_on_a_gpu_are_named():
     assert te_unverified_combinations(Fp8Config(backend="torchao"), activation_checkpointing=True) == []
     names = te_unverified_combinations(Fp8Config(backend="te", te_recipe="delayed"), activation_checkpointing=True)
     assert names == [
-        "te_recipe=delayed: save and bit-exact resume through DCP (FP8 metadata in _extra_state carried as bytes)",
+        "te_recipe=delayed: save and resume through DCP (FP8 metadata in _extra_state carried as bytes)",
         "te_recipe=delayed: activation checkpointing through te.checkpoint under FSDP2",
     ]
     current = te_unverified_combinations(Fp8Config(backend="te", te_recipe="current"), activation_checkpointing=False)
