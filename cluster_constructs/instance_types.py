@@ -20,6 +20,9 @@ Sources (checked 2026-11):
   post-reduction list prices as published in June 2025 and were not re-checked against the AWS Price List API
   (`aws pricing get-products`). Prices differ by region and change; clusterctl labels its cost figures as
   estimates from this table.
+- FSx for Lustre EFA clients: FSx for Lustre User Guide, "Configuring EFA clients": EFA to an EFA-enabled file
+  system is supported on Nitro v4 or later instance types that support EFA (not trn2); its interface table
+  lists p5, p5e, p5en and p6-b200. p4d and p4de are Nitro v3 (EC2 instance types guide, "Nitro System").
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class InstanceType:
     peak_bf16_tflops_per_gpu: float  # dense BF16 tensor-core peak, TFLOP/s
     peak_fp8_tflops_per_gpu: float | None  # dense FP8 peak, None where the GPU has no FP8 tensor cores
     on_demand_usd_per_hour: float  # us-east-1 Linux on-demand price per instance
+    fsx_efa_client: bool  # FSx for Lustre supports it as an EFA client (Nitro v4+ with EFA)
 
     @property
     def supports_fp8(self) -> bool:
@@ -75,6 +79,7 @@ _CATALOG: tuple[InstanceType, ...] = (
         peak_bf16_tflops_per_gpu=312.0,
         peak_fp8_tflops_per_gpu=None,
         on_demand_usd_per_hour=21.96,
+        fsx_efa_client=False,
     ),
     InstanceType(
         name="p4de.24xlarge",
@@ -91,6 +96,7 @@ _CATALOG: tuple[InstanceType, ...] = (
         peak_bf16_tflops_per_gpu=312.0,
         peak_fp8_tflops_per_gpu=None,
         on_demand_usd_per_hour=27.45,
+        fsx_efa_client=False,
     ),
     InstanceType(
         name="p5.48xlarge",
@@ -107,6 +113,7 @@ _CATALOG: tuple[InstanceType, ...] = (
         peak_bf16_tflops_per_gpu=989.0,
         peak_fp8_tflops_per_gpu=1979.0,
         on_demand_usd_per_hour=55.04,
+        fsx_efa_client=True,
     ),
     InstanceType(
         name="p5e.48xlarge",
@@ -123,6 +130,7 @@ _CATALOG: tuple[InstanceType, ...] = (
         peak_bf16_tflops_per_gpu=989.0,
         peak_fp8_tflops_per_gpu=1979.0,
         on_demand_usd_per_hour=62.12,
+        fsx_efa_client=True,
     ),
     InstanceType(
         name="p5en.48xlarge",
@@ -139,6 +147,7 @@ _CATALOG: tuple[InstanceType, ...] = (
         peak_bf16_tflops_per_gpu=989.0,
         peak_fp8_tflops_per_gpu=1979.0,
         on_demand_usd_per_hour=63.30,
+        fsx_efa_client=True,
     ),
     InstanceType(
         name="p6-b200.48xlarge",
@@ -155,6 +164,7 @@ _CATALOG: tuple[InstanceType, ...] = (
         peak_bf16_tflops_per_gpu=2250.0,
         peak_fp8_tflops_per_gpu=4500.0,
         on_demand_usd_per_hour=113.93,
+        fsx_efa_client=True,
     ),
 )
 
@@ -177,11 +187,20 @@ def get_instance_type(name: str) -> InstanceType:
         raise UnknownInstanceType(f"unknown instance type {name!r}; allowed: {allowed}") from None
 
 
+# CUDA device names of PCIe and NVL boards carry these words ("NVIDIA H100 PCIe", "NVIDIA H100 NVL"). No
+# instance type here has such a board, and their peaks are lower than the SXM parts': a name with one of
+# them matches no entry.
+NON_SXM_BOARD_MARKERS = ("PCIE", "NVL")
+
+
 def find_by_gpu_name(device_name: str) -> InstanceType | None:
     """The first catalog entry whose GPU model appears in a CUDA device name, e.g.
-    "NVIDIA H100 80GB HBM3" -> p5.48xlarge. Used by training to find its MFU peak when it is not told the
+    "NVIDIA H100 80GB HBM3" -> p5.48xlarge; None for a PCIe or NVL board of that model ("NVIDIA H100 PCIe"),
+    which no catalog instance carries. Used by training to find its MFU peak when it is not told the
     instance type."""
     upper = device_name.upper()
+    if any(marker in upper for marker in NON_SXM_BOARD_MARKERS):
+        return None
     for entry in _CATALOG:
         if entry.gpu_model in upper:
             return entry

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from node_bootstrap.jobs.spec import STOP_GRACE_SECONDS
 from stacks.settings import BootstrapSettings, ComputeSettings, HealthSettings, StorageSettings
 
 # 2: expected.nvswitch and the bootstrap section (deadline, protected mode);
-# 3: the monitor section and the jobs' hang timeouts and stop grace (training.job*Seconds)
+# 3: the monitor section and the jobs' hang timeouts (training.job*TimeoutSeconds)
 SCHEMA_VERSION = 3
 BUNDLE_DIR = "/opt/cluster/bundle"
 NODE_CONFIG_PATH = "/etc/cluster/node-config.json"
@@ -73,7 +72,6 @@ def render_node_config(
             "rendezvousPort": RENDEZVOUS_PORT,
             "jobHangTimeoutSeconds": health.job_hang_timeout_minutes * 60,
             "jobStartTimeoutSeconds": health.job_start_timeout_minutes * 60,
-            "jobStopGraceSeconds": STOP_GRACE_SECONDS,
         },
         "bootstrap": {
             "deadlineSeconds": bootstrap.timeout_seconds,

@@ -23,9 +23,10 @@ from clusterctl.aws import (
     AwsContext,
     build_context,
     describe_aws_error,
+    one_line,
 )
 from clusterctl.stack import DEFAULT_STACK_NAME
-from node_bootstrap.jobs import STOP_GRACE_SECONDS
+from node_bootstrap.jobs import MAX_CANCEL_TIMEOUT_SECONDS, STOP_GRACE_SECONDS
 
 
 @dataclass
@@ -62,6 +63,16 @@ def _positive_float(text: str) -> float:
         value = math.nan
     if not 0 < value < math.inf:
         raise argparse.ArgumentTypeError(f"{text!r}: allowed: a number > 0")
+    return value
+
+
+def _non_negative_hours(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < math.inf:  # false for nan: float() accepts "nan" and "inf"
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed: a number of hours >= 0")
     return value
 
 
@@ -187,6 +198,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=3,
         help="torchrun --max-restarts: whole-job restarts after a failure (default 3)",
     )
+    submit.add_argument(
+        "--resume-from",
+        metavar="JOB",
+        default="",
+        help="start from the newest complete checkpoint of an earlier job (its /fsx/checkpoints/JOB); the new "
+        "job saves only to its own directory. Without it a job starts fresh (each job has its own directory).",
+    )
     submit.set_defaults(handler=commands.submit)
 
     commcheck = add(
@@ -233,7 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
         "Per node: running, succeeded, failed (exit code) or cancelled; last step and loss (for a commcheck: "
         "its all_reduce busbw); the network NCCL chose (Libfabric/efa is EFA, Socket is TCP).",
         epilog="Exits 1, with a warning on stderr naming the nodes, when a job of more than one node has "
-        "NCCL on TCP (Socket, or a libfabric provider other than efa) instead of EFA on any node.",
+        "NCCL on TCP (Socket, or a libfabric provider other than efa) instead of EFA on any node; exits 1 when "
+        "a node did not answer (state unknown), and with one line when no node has the job or all of its "
+        "nodes are gone. Nodes the Auto Scaling group replaced are shown as gone (replaced) and not asked.",
     )
     status.add_argument("job_id", metavar="JOB")
     status.set_defaults(handler=commands.status)
@@ -246,14 +266,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     cancel = add(
         "cancel",
-        "SIGTERM the job on every node so the trainer checkpoints, then kill what is left after the timeout.",
+        "SIGTERM the job on every node that is left (replaced nodes are shown as gone) so the trainer "
+        "checkpoints, then kill what is left after the timeout.",
     )
     cancel.add_argument("job_id", metavar="JOB")
     cancel.add_argument(
         "--timeout-seconds",
         type=int,
         default=STOP_GRACE_SECONDS,
-        help="seconds between SIGTERM and SIGKILL (default %(default)s)",
+        help=f"seconds between SIGTERM and SIGKILL, 0-{MAX_CANCEL_TIMEOUT_SECONDS} (default %(default)s)",
     )
     cancel.set_defaults(handler=commands.cancel)
 
@@ -264,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cost.add_argument("--instance-type", type=_instance_type, default="p5.48xlarge")
     cost.add_argument("--nodes", type=_positive_int)
-    cost.add_argument("--hours", type=float)
+    cost.add_argument("--hours", type=_non_negative_hours, help="hours of the plan (a number >= 0)")
     cost.add_argument(
         "--job", metavar="JOB", help="a submitted job: its nodes times the time since it started"
     )
@@ -298,7 +319,7 @@ def main(argv: Sequence[str] | None = None, runtime: Runtime | None = None) -> i
             )
         if args.debug:
             traceback.print_exc(file=runtime.err)
-        print(f"clusterctl: error: {message}", file=runtime.err)
+        print(f"clusterctl: error: {one_line(message)}", file=runtime.err)  # one line, whatever it says
         return code
 
 

@@ -5,6 +5,7 @@ Order and why:
   scratch   instance-store NVMe as one fast scratch directory
   lustre    FSx for Lustre at /fsx: training data and checkpoints
   health    the gate: GPUs, ECC, row remapping, Xid, EFA against the catalog
+  jobuser   the unprivileged user jobs run as, in the GPU and EFA devices' groups, owning /scratch
   training  the training package importable in the DLAMI's PyTorch, and the job environment file
   monitor   the node health monitor's first round, then its systemd timer (monitor/service.py)
   signal    cluster:bootstrap=ready
@@ -34,6 +35,7 @@ from node_bootstrap.deadline import DeadlineExceeded, Watchdog
 from node_bootstrap.health import HealthGateFailed, plan_health
 from node_bootstrap.host import Host
 from node_bootstrap.imds import Imds, ImdsError, InstanceIdentity
+from node_bootstrap.job_user import plan_job_user
 from node_bootstrap.lustre import plan_lustre
 from node_bootstrap.monitor.rounds import run_round
 from node_bootstrap.monitor.service import plan_monitor, require_healthy
@@ -45,7 +47,8 @@ from node_bootstrap.training_env import plan_training
 
 LOG = logging.getLogger("node_bootstrap")
 
-STEPS = ("logging", "scratch", "lustre", "health", "training", "monitor", "signal")
+STEPS = ("logging", "scratch", "lustre", "health", "jobuser", "training", "monitor", "signal")
+SIGNALLED_MARKER = "/var/lib/cluster/bootstrap-signalled"  # user_data.sh reads it: do not signal again
 # Steps whose failure leaves the node usable: logged and reported, never a reason to replace a healthy P5.
 NONFATAL_STEPS = frozenset({"logging"})
 
@@ -93,6 +96,7 @@ def _planners(node: Node, warnings: list[str]) -> dict[str, Callable[[], StepPla
         "scratch": lambda: plan_scratch(c, h, r),
         "lustre": lambda: plan_lustre(c, h, r, sleep=node.sleep),
         "health": lambda: plan_health(c.expected, c.instance_type, r),
+        "jobuser": lambda: plan_job_user(c, h, r),
         "training": lambda: plan_training(c, h, r),
         "monitor": lambda: plan_monitor(c, h, r, first_round=lambda: require_healthy(
             run_round(c, h, r, responder=None, dry_run=node.dry_run))),
@@ -188,6 +192,10 @@ def _signal_failure(node: Node, steps: Sequence[str], reason: str, key: str) -> 
     except (StepError, CommandError) as e:
         LOG.error("could not mark the instance failed and Unhealthy: %s", e)
         return EXIT_FAILED
+    try:
+        node.host.write_text(SIGNALLED_MARKER, build_reason(reason) + "\n")
+    except OSError as e:  # the shim may then signal a second time: harmless, the reason tag is overwritten
+        LOG.warning("could not write %s: %s", SIGNALLED_MARKER, e)
     LOG.error("tagged %s cluster:bootstrap=failed and marked it Unhealthy: its Auto Scaling group will "
               "replace it unless it is in protected mode", identity.instance_id)
     return EXIT_FAILED_SIGNALLED

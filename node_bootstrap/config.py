@@ -76,7 +76,6 @@ class TrainingConfig:
     rendezvous_port: int
     job_hang_timeout_seconds: int  # no trainer step for this long: the supervisor stops the job as hung; 0: off
     job_start_timeout_seconds: int  # ... and this long for the first step after a start or a restart
-    job_stop_grace_seconds: int  # SIGTERM, then SIGKILL after this long (a hung job, systemd's stop)
 
 
 @dataclass(frozen=True)
@@ -170,7 +169,6 @@ def parse_node_config(data: Any) -> NodeConfig:
             rendezvous_port=training.integer("rendezvousPort", minimum=1, maximum=65535),
             job_hang_timeout_seconds=training.integer("jobHangTimeoutSeconds", minimum=0),
             job_start_timeout_seconds=training.integer("jobStartTimeoutSeconds", minimum=1),
-            job_stop_grace_seconds=training.integer("jobStopGraceSeconds", minimum=1, maximum=3600),
         ),
         bootstrap=BootstrapConfig(
             deadline_seconds=bootstrap.integer("deadlineSeconds", minimum=60),

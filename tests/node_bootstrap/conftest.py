@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import sys
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,7 +50,7 @@ def node_config_dict(**overrides) -> dict:
                      "python": "/opt/pytorch/bin/python", "jobsDir": "/var/lib/cluster/jobs",
                      "jobLogDir": "/var/log/cluster/jobs", "checkpointRoot": "/fsx/checkpoints",
                      "dataRoot": "/fsx/data", "rendezvousPort": 29400, "jobHangTimeoutSeconds": 1800,
-                     "jobStartTimeoutSeconds": 3600, "jobStopGraceSeconds": 120},
+                     "jobStartTimeoutSeconds": 3600},
         "bootstrap": {"deadlineSeconds": 1200, "autoScalingGroupName": "TrainingClusterStack-nodes",
                       "protectedModeFailures": 3, "protectedModeWindowSeconds": 3600},
         "monitor": {"intervalSeconds": 60},
@@ -167,6 +168,12 @@ class FakeNode:
     dlami_mounts_on_start: bool = True  # `systemctl start dlami-nvme.service` finishes the AMI's mount
     daemon_reloads: int = 0
     units: dict = field(default_factory=lambda: {"nvidia-fabricmanager": "active"})  # is-active answers
+    cuda_probe: dict = field(default_factory=lambda: {  # what node_bootstrap.cuda_probe prints on a good P5
+        "ok": True, "error": None, "count": 8,
+        "devices": [{"index": i, "ok": True, "error": None} for i in range(8)]})
+    # `stat` answers: node path -> (permission bits, uid, gid); what is not listed is 0755 root:root, and
+    # every GPU and EFA device node 0666 root:root (the NVIDIA driver's default) unless listed
+    stats: dict = field(default_factory=dict)
 
     # ----- building the machine -----
     def path(self, node_path: str) -> str:
@@ -340,6 +347,65 @@ class FakeNode:
             return 0, fixture_text(self.nvlink_txt)
         raise AssertionError(f"unexpected nvidia-smi call {argv}")
 
+    def passwd_lines(self):
+        return Path(self.path("/etc/passwd")).read_text().splitlines()
+
+    def group_lines(self):
+        return Path(self.path("/etc/group")).read_text().splitlines()
+
+    def useradd(self, argv):
+        name = argv[-1]
+        home = argv[argv.index("--home-dir") + 1]
+        shell = argv[argv.index("--shell") + 1]
+        if any(line.split(":")[0] == name for line in self.passwd_lines()):
+            return 9, "", f"useradd: user '{name}' already exists"
+        uid = gid = 998  # useradd --system picks below SYS_UID_MAX
+        with open(self.path("/etc/passwd"), "a") as f:
+            f.write(f"{name}:x:{uid}:{gid}:training jobs (node_bootstrap):{home}:{shell}\n")
+        with open(self.path("/etc/group"), "a") as f:
+            f.write(f"{name}:x:{gid}:\n")
+        Path(self.path(home)).mkdir(parents=True)
+        self.stats[home] = (0o750, uid, gid)
+        return 0, ""
+
+    def usermod(self, argv):
+        assert argv[1:3] == ["--append", "--groups"], argv
+        wanted, user = argv[3].split(","), argv[4]
+        lines = []
+        for line in self.group_lines():
+            name, x, gid, members = line.split(":")
+            if name in wanted:
+                members = ",".join([m for m in members.split(",") if m] + [user])
+            lines.append(f"{name}:{x}:{gid}:{members}")
+        Path(self.path("/etc/group")).write_text("\n".join(lines) + "\n")
+        return 0, ""
+
+    def chown(self, argv):
+        user = argv[1].split(":")[0]
+        (entry,) = [line.split(":") for line in self.passwd_lines() if line.split(":")[0] == user]
+        for host_path in argv[2:]:
+            node_path = "/" + os.path.relpath(host_path, self.root)
+            mode = self.stat_of(node_path)[0]
+            self.stats[node_path] = (mode, int(entry[2]), int(entry[3]))
+        return 0, ""
+
+    def stat_of(self, node_path):
+        if node_path in self.stats:
+            return self.stats[node_path]
+        if node_path.startswith(("/dev/nvidia", "/dev/infiniband/")):
+            return 0o666, 0, 0
+        return 0o755, 0, 0
+
+    def stat(self, argv):
+        assert argv[1:4] == ["-L", "-c", "%a %u %g %n"], argv
+        lines = []
+        for host_path in argv[4:]:
+            if not os.path.exists(host_path):
+                return 1, "", f"stat: cannot statx '{host_path}': No such file or directory"
+            mode, uid, gid = self.stat_of("/" + os.path.relpath(host_path, self.root))
+            lines.append(f"{mode:o} {uid} {gid} {host_path}")
+        return 0, "".join(line + "\n" for line in lines)
+
     def aws(self, argv):
         service, op = argv[1], argv[2]
         if (service, op) == ("ec2", "describe-tags"):
@@ -366,6 +432,8 @@ class FakeNode:
         raise AssertionError(f"unexpected aws call {argv}")
 
     def python(self, argv):
+        if argv[1:3] == ["-m", "node_bootstrap.cuda_probe"]:
+            return (0 if self.cuda_probe["ok"] else 1), json.dumps(self.cuda_probe) + "\n"
         code = argv[2]
         if "sysconfig" in code:
             return 0, SITE_PACKAGES + "\n"
@@ -427,6 +495,12 @@ def build_fake_node(root: Path, *, dry_run: bool = False, instance_store: int = 
     node.write("/etc/cluster/node-config.json", json.dumps(node_config_dict(), indent=2))
     Path(node.path("/fsx")).mkdir()
     Path(node.path("/run/systemd/system")).mkdir(parents=True)  # systemd is PID 1, as on a node
+    # The user database, and the device nodes the drivers create: 8 GPUs and 32 EFA devices.
+    node.write("/etc/passwd", "root:x:0:0:root:/root:/bin/bash\nnobody:x:65534:65534::/:/usr/sbin/nologin\n")
+    node.write("/etc/group", "root:x:0:\nvideo:x:44:\nrdma:x:997:\nnogroup:x:65534:\n")
+    for device in [f"nvidia{i}" for i in range(8)] + ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"] + [
+            f"infiniband/uverbs{i}" for i in range(32)]:
+        node.write(f"/dev/{device}", "")
 
     runner.on("blkid", node.blkid)
     runner.on("mdadm", node.mdadm)
@@ -441,7 +515,10 @@ def build_fake_node(root: Path, *, dry_run: bool = False, instance_store: int = 
     runner.on("fi_info", lambda argv: (0, fixture_text(node.fi_info_txt)))
     runner.on("journalctl", lambda argv: (0, fixture_text(node.kernel_log)))
     runner.on("aws", node.aws)
+    for tool in ("useradd", "usermod", "chown", "stat"):
+        runner.on(tool, getattr(node, tool))
     runner.on("python", node.python, on_path=False)  # run by absolute path
+    runner.on(os.path.basename(sys.executable), node.python, on_path=False)  # the CUDA probe's interpreter
     runner.on("amazon-cloudwatch-agent-ctl", node.agent_ctl, on_path=False)
     node.write("/opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-ctl", "#!/bin/sh\n")
     return node

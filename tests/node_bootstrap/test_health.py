@@ -53,7 +53,7 @@ def test_efa_devices_are_counted_once_per_domain(kit):
 def test_a_healthy_p5_passes_every_check(fake_node, config):
     report = report_for(fake_node, config)
     assert statuses(report) == {"gpu-count": OK, "gpu-memory": OK, "gpu-ecc": OK, "gpu-row-remap": OK,
-                                "xid": OK, "efa": OK}
+                                "fabric-manager": OK, "cuda-init": OK, "dcgm-diag": OK, "xid": OK, "efa": OK}
     assert report.healthy
     assert fake_node.runner.mutating_calls == []
     plan = plan_health(config.expected, config.instance_type, fake_node.runner)
@@ -69,7 +69,7 @@ def test_a_healthy_p5_passes_every_check(fake_node, config):
      "row remap pending (needs a GPU reset) on 00000000:A8:00.0"),
     (dict(kernel_log="journal-kernel-xid.txt"), "xid",
      "node unusable: Xid 79 on 0000:b9:00: GPU has fallen off the bus (no longer reachable over PCIe) "
-     "(NVIDIA: RESTART_BM)"),
+     "(NVIDIA: RESTART_BM) (read: journalctl -k -b 0)"),
     (dict(fi_info_txt="fi_info-efa-rdm.31-devices.txt"), "efa", "31 EFA devices, expected 32"),
 ])
 def test_each_hardware_fault_fails_the_gate(fake_node, config, setup, check, detail):
@@ -90,7 +90,7 @@ def test_application_xids_only_warn(fake_node, config):
     xid = next(c for c in report.checks if c.name == "xid")
     assert xid.status == WARN
     assert xid.detail == ("application faults: Xid 31 on 0000:75:00: GPU memory page fault "
-                          "(illegal address from a kernel) (NVIDIA: RESTART_APP)")
+                          "(illegal address from a kernel) (NVIDIA: RESTART_APP) (read: journalctl -k -b 0)")
 
 
 def test_missing_ecc_counters_warn(fake_node, config):
@@ -131,12 +131,36 @@ def test_json_and_table_output(fake_node, config):
     data = json.loads(report.to_json())
     assert data["healthy"] is False and data["instanceType"] == "p5.48xlarge"
     assert [c["name"] for c in data["checks"]] == [
-        "gpu-count", "gpu-memory", "gpu-ecc", "gpu-row-remap", "xid", "efa"]
+        "gpu-count", "gpu-memory", "gpu-ecc", "gpu-row-remap", "fabric-manager", "cuda-init", "dcgm-diag", "xid",
+        "efa"]
     assert data["xidEvents"][-1] == {
         "code": 79, "pciBusId": "0000:b9:00", "action": "replace",
         "reason": "Xid 79: GPU has fallen off the bus (no longer reachable over PCIe) (NVIDIA: RESTART_BM)",
         "message": "pid='<unknown>', name=<unknown>, GPU has fallen off the bus."}
     table = report.format_table().splitlines()
     assert table[0].split() == ["CHECK", "STATUS", "DETAIL"]
-    assert table[5].startswith("xid            FAIL    node unusable")
+    assert table[8].startswith("xid             FAIL    node unusable")
     assert table[-1] == "p5.48xlarge: UNHEALTHY"
+
+
+@pytest.mark.parametrize("lines, status, detail_start", [
+    # Catalog IGNORE / RESTART_APP memory events: recorded, the node stays in service.
+    (["NVRM: Xid (PCI:0000:53:00): 63, pid=2241, name=python3, Row Remapper: New row (0x40a1) was marked for "
+      "remapping, reset gpu to activate.",
+      "NVRM: Xid (PCI:0000:64:00): 94, pid=3012, name=python3, Contained: SM (0x1). RST: No, D-RST: No"],
+     WARN, "recorded: Xid 63 on 0000:53:00"),
+    (["NVRM: Xid (PCI:0000:97:00): 119, pid=3012, name=python3, Timeout after 6s of waiting for RPC response "
+      "from GPU0 GSP!"], FAIL, "node unusable: Xid 119 on 0000:97:00: GSP RPC timeout"),
+    (["NVRM: Xid (PCI:0000:97:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot "
+      "Required)"], FAIL, "node unusable: Xid 154 on 0000:97:00: the driver now requires: Node Reboot Required"),
+    (["NVRM: Xid (PCI:0000:97:00): 92, pid=1, name=x, High single-bit ECC error rate"], WARN,
+     "recorded: Xid 92 on 0000:97:00: high single-bit ECC error rate"),
+    (["NVRM: Xid (PCI:0000:97:00): 62, pid=1, name=x, 0000(0000) 00000000 00000000"], FAIL,
+     "node unusable: Xid 62 on 0000:97:00: internal micro-controller halt"),
+])
+def test_the_gate_follows_the_xid_table(fake_node, config, lines, status, detail_start):
+    log = "".join(f"2025-03-11T11:42:55+00:00 ip-10-0-12-34 kernel: {line}\n" for line in lines)
+    fake_node.runner.on("journalctl", lambda argv: (0, log))
+    xid = next(c for c in report_for(fake_node, config).checks if c.name == "xid")
+    assert xid.status == status
+    assert xid.detail.startswith(detail_start)

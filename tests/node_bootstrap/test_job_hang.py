@@ -6,6 +6,7 @@ FAKE_MODE says. The node config carries timeouts of seconds instead of the defau
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -15,7 +16,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN_NODE_CONFIG = Path(__file__).parents[1] / "cluster_constructs" / "golden" / "node-config.json"
-HANG_S, START_S, GRACE_S = 2, 5, 1
+HANG_S, START_S = 2, 5
+GRACE_S = 11  # start --stop-grace-seconds: the least it allows (torchrun's exit takes 10 s of the budget)
 
 TRAINER = """\
 #!{python}
@@ -85,13 +87,23 @@ def running(pid):
         return False
 
 
+def write_user_database(root: Path) -> None:
+    """/etc/passwd and /etc/group as the jobuser boot step leaves them, the job user being this test's user
+    (as test_jobs.py does: the supervisor then needs no privilege to switch to it)."""
+    uid, gid = os.getuid(), os.getgid()
+    (root / "etc").mkdir(parents=True, exist_ok=True)
+    (root / "etc/passwd").write_text(
+        f"root:x:0:0:root:/root:/bin/bash\ncluster-job:x:{uid}:{gid}:training jobs (node_bootstrap):"
+        "/var/lib/cluster-job:/usr/sbin/nologin\n")
+    (root / "etc/group").write_text(f"root:x:0:\ncluster-job:x:{gid}:\n")
+
+
 class Node:
     def __init__(self, root: Path, mode: str, *, hang_s=HANG_S, module="training"):
         self.root = root
         self.module = module
         config = json.loads(GOLDEN_NODE_CONFIG.read_text())
-        config["training"].update(jobHangTimeoutSeconds=hang_s, jobStartTimeoutSeconds=START_S,
-                                  jobStopGraceSeconds=GRACE_S)
+        config["training"].update(jobHangTimeoutSeconds=hang_s, jobStartTimeoutSeconds=START_S)
         (root / "etc/cluster").mkdir(parents=True)
         (root / "etc/cluster/node-config.json").write_text(json.dumps(config))
         self.worker_file = root / "worker.pid"
@@ -101,6 +113,7 @@ class Node:
         python.parent.mkdir(parents=True)
         python.write_text(TRAINER.format(python=sys.executable, slow_start_s=HANG_S + 1))
         python.chmod(0o755)
+        write_user_database(root)
 
     def cli(self, *args):
         return subprocess.run([sys.executable, "-m", "node_bootstrap.jobs", "--root", str(self.root), *args],
@@ -110,7 +123,7 @@ class Node:
         extra = ["--config", "training/configs/tiny-cpu.toml"] if self.module == "training" else []
         result = self.cli("start", "--job-id", job_id, "--module", self.module, *extra, "--nodes", "1",
                           "--gpus-per-node", "1", "--rendezvous-host", "10.0.1.17", "--max-restarts", "0",
-                          "--launcher", "direct")
+                          "--stop-grace-seconds", str(GRACE_S), "--launcher", "direct")
         assert result.returncode == 0, result.stdout + result.stderr
         return job_id
 
