@@ -10,6 +10,10 @@ Two sources, in this order:
   fell behind the ring buffer gets EPIPE once and then the oldest record still there (kernel
   Documentation/ABI/testing/dev-kmsg). The sequence number is the cursor.
 
+The first read of a boot that finds no kernel messages in the journal at all (journald not storing them),
+or a journalctl that fails, switches to /dev/kmsg for the rest of the boot (node_bootstrap/kernel_log.py's
+gate falls back to the ring buffer for the same reason).
+
 Both cursors carry the boot id (/proc/sys/kernel/random/boot_id): after a reboot the old cursor means
 nothing (a kmsg sequence starts again at 0; a journal cursor would return the end of the previous boot, whose
 GPU errors a reboot has cleared), so the round reads the new boot from its start.
@@ -54,9 +58,19 @@ def read_new_kernel_log(host: Host, runner: Runner, previous: dict | None) -> Ke
     boot_id = host.read_text(BOOT_ID_PATH, default="").strip()
     if previous is not None and previous.get("bootId") != boot_id:
         previous = None  # a new boot: start at its beginning
-    if runner.which("journalctl") is not None:
-        return _read_journal(runner, boot_id, previous)
-    return _read_kmsg(host, boot_id, previous)
+    on_journal = previous is None or previous.get("source") == JOURNAL
+    if not on_journal or runner.which("journalctl") is None:
+        return _read_kmsg(host, boot_id, previous)
+    read = _read_journal(runner, boot_id, previous)
+    if read.ok and (previous is not None or read.text):
+        return read
+    # journald without the kernel's messages (Storage=none, not yet flushed: the first read of a boot finds
+    # none at all), or a journalctl that fails: /dev/kmsg for the rest of this boot (the cursor says which).
+    why = read.error or "the journal has no kernel messages for this boot"
+    kmsg = _read_kmsg(host, boot_id, None)
+    if kmsg.ok:
+        return kmsg
+    return KernelLogRead("", previous or {}, error=f"{why}; and {kmsg.error}")
 
 
 def _read_journal(runner: Runner, boot_id: str, previous: dict | None) -> KernelLogRead:

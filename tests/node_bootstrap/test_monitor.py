@@ -491,3 +491,18 @@ def test_a_cursor_journalctl_rejects_means_reading_the_boot_again(monitored):
     assert node.round() == 1
     assert [c.split()[-1] for c in node.runner.commands() if c.startswith("journalctl")][-1] == "0"  # -b 0
     assert group_health(node.instance_id) == "Unhealthy"
+
+
+def test_a_journal_without_kernel_messages_sends_the_monitor_to_kmsg_for_the_boot(monitored, kit):
+    """journald that stores no kernel messages (Storage=none, not flushed) answers "-- No entries --": the Xid
+    is only in the ring buffer, and the monitor must find it there, then keep reading there."""
+    node = monitored
+    node.runner.on("journalctl", Journal(kit.fixture_text("journal-kernel-empty.txt")))
+    node.write("/dev/kmsg", kit.fixture_text("kmsg-xid.txt"))
+    assert node.round() == 1
+    assert instance_tags(node.instance_id)["cluster:health-reason"].startswith("health monitor: xid: new: Xid 79")
+    state = json.loads((node.root / STATE_PATH.lstrip("/")).read_text())
+    assert state["kernelLog"]["source"] == "kmsg" and state["kernelLog"]["seq"] == 1203
+    node.runner.calls.clear()
+    assert node.round() == 1
+    assert not [c for c in node.runner.commands() if c.startswith("journalctl")]  # kmsg for the rest of the boot
