@@ -106,7 +106,7 @@ def cloud():
     """moto's AWS with the node's group (one instance), log group; yields the instance id."""
     with mock_aws():
         ec2 = boto3.client("ec2", region_name=REGION)
-        image = ec2.describe_images()["Images"][0]["ImageId"]
+        image = "ami-12c6146b"  # any id: moto does not validate AMIs, and its default images may not be loaded
         subnet = ec2.describe_subnets()["Subnets"][0]["SubnetId"]
         ec2.create_launch_template(LaunchTemplateName="node-template",
                                    LaunchTemplateData={"ImageId": image, "InstanceType": "p5.48xlarge"})
