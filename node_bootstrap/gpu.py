@@ -136,11 +136,11 @@ def parse_nvlink_status(text: str) -> list[NvlinkInfo]:
     """`nvidia-smi nvlink --status`; GPUs without NVLink are listed with no links."""
     gpus: list[NvlinkInfo] = []
     for line in _lines(text):
-        gpu = _NVLINK_GPU.match(line)
+        gpu = _NVLINK_GPU.fullmatch(line)
         if gpu:
             gpus.append(NvlinkInfo(int(gpu.group(1)), gpu.group(2), {}, ()))
             continue
-        link = _NVLINK_LINK.match(line)
+        link = _NVLINK_LINK.fullmatch(line)
         if link is None or not gpus:
             continue  # other per-link lines (capabilities, error counters) are not the status
         current = gpus[-1]
