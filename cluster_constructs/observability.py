@@ -153,52 +153,54 @@ class ClusterObservability(Construct):
         """Alarm when nodes put the group into protected mode (node_bootstrap/protection.py publishes 1 then, and 0
         after each successful bootstrap). Missing data keeps the state: the group stays suspended until an
         operator resumes it, and the next node that boots cleanly turns the alarm OK."""
-        protected = cloudwatch.Metric(
-            namespace=PROTECTED_MODE_NAMESPACE,
-            metric_name=PROTECTED_MODE_METRIC,
-            statistic="Maximum",
-            period=Duration.minutes(1),
-            dimensions_map={"AutoScalingGroupName": auto_scaling_group_name},
-        )
-        alarm = protected.create_alarm(
-            self,
+        return self._group_flag_alarm(
             "ProtectedModeAlarm",
-            threshold=1,
-            evaluation_periods=1,
-            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-            treat_missing_data=cloudwatch.TreatMissingData.IGNORE,
-            alarm_description=(
-                "Protected mode: node bootstraps keep failing for the same reason, so the group no longer replaces "
-                f"unhealthy nodes. The reason is the group tag cluster:protected of {auto_scaling_group_name}; "
-                "fix it, then resume as docs/operations.md 'Protected mode' says."
-            ),
+            PROTECTED_MODE_METRIC,
+            auto_scaling_group_name,
+            cloudwatch.TreatMissingData.IGNORE,
+            "Protected mode: node bootstraps keep failing for the same reason, so the group no longer replaces "
+            f"unhealthy nodes. The reason is the group tag cluster:protected of {auto_scaling_group_name}; "
+            "fix it, then resume as docs/operations.md 'Protected mode' says.",
         )
-        alarm.add_alarm_action(cw_actions.SnsAction(self.alarm_topic))
-        return alarm
 
     def add_node_health_alarm(self, *, auto_scaling_group_name: str) -> cloudwatch.Alarm:
         """Alarm when a node's health monitor finds it unhealthy (it publishes NodeUnhealthy=1 every round
         from then on, until the group replaces it). Missing data is not a breach: a replaced node stops
         publishing, and so does a cluster scaled to zero."""
-        unhealthy = cloudwatch.Metric(
+        return self._group_flag_alarm(
+            "NodeHealthAlarm",
+            NODE_UNHEALTHY_METRIC,
+            auto_scaling_group_name,
+            cloudwatch.TreatMissingData.NOT_BREACHING,
+            f"A node of {auto_scaling_group_name} found itself unhealthy (GPU lost, uncorrectable ECC, a fatal "
+            "Xid, an EFA device or NVLink down) and is being replaced; its job was stopped. Why: the "
+            "instance tag cluster:health-reason, or `clusterctl nodes` (docs/operations.md, When a node fails).",
+        )
+
+    def _group_flag_alarm(
+        self,
+        construct_id: str,
+        metric_name: str,
+        auto_scaling_group_name: str,
+        treat_missing_data: cloudwatch.TreatMissingData,
+        description: str,
+    ) -> cloudwatch.Alarm:
+        """An alarm to the topic when the nodes' 0/1 flag metric of this group reaches 1 in any minute."""
+        flag = cloudwatch.Metric(
             namespace=PROTECTED_MODE_NAMESPACE,
-            metric_name=NODE_UNHEALTHY_METRIC,
+            metric_name=metric_name,
             statistic="Maximum",
             period=Duration.minutes(1),
             dimensions_map={"AutoScalingGroupName": auto_scaling_group_name},
         )
-        alarm = unhealthy.create_alarm(
+        alarm = flag.create_alarm(
             self,
-            "NodeHealthAlarm",
+            construct_id,
             threshold=1,
             evaluation_periods=1,
             comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
-            alarm_description=(
-                f"A node of {auto_scaling_group_name} found itself unhealthy (GPU lost, uncorrectable ECC, a fatal "
-                "Xid, an EFA device or NVLink down) and is being replaced; its job was stopped. Why: the "
-                "instance tag cluster:health-reason, or `clusterctl nodes` (docs/operations.md, When a node fails)."
-            ),
+            treat_missing_data=treat_missing_data,
+            alarm_description=description,
         )
         alarm.add_alarm_action(cw_actions.SnsAction(self.alarm_topic))
         return alarm

@@ -20,6 +20,7 @@ Rows are named by backend and recipe: ``none``, ``torchao-tensorwise``, ``torcha
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import math
@@ -271,12 +272,12 @@ def run_backend(
     try:
         fp8 = build_fp8_backend(_fp8_config(variant, emulate, fp8_all_gather))
         if variant.torchtitan:
-            torchtitan_recipe = variant.recipe or None
-            build = lambda: build_torchtitan_model(  # noqa: E731
-                model_cfg, parallel_cfg, info, float8_recipe=torchtitan_recipe, emulate=emulate
+            build = functools.partial(
+                build_torchtitan_model, model_cfg, parallel_cfg, info,
+                float8_recipe=variant.recipe or None, emulate=emulate,
             )
         else:
-            build = lambda: build_model(model_cfg, parallel_cfg, fp8, info, seed=seed)  # noqa: E731
+            build = functools.partial(build_model, model_cfg, parallel_cfg, fp8, info, seed=seed)
     except ConfigError as exc:
         return BenchResult(name, "skipped", str(exc))
     _reset_peak_memory(info.device)

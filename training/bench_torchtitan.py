@@ -4,6 +4,8 @@
 Two torchtitan APIs are supported, since a release pairs with a PyTorch release: 0.2.x (PyTorch 2.10/2.11:
 ``llama3_args`` + ``Transformer``, SDPA attention, the JobConfig-driven ``Float8LinearConverter``,
 ``apply_compile`` / ``apply_fsdp`` from ``models/llama3/infra/parallelize.py``) and 0.3.x (PyTorch >= 2.12).
+The figures in docs/benchmarks.md come from 0.2.2 on an H100. The 0.3.x path has run only on a CPU, as far as
+FlexAttention's backward, which has no CPU kernel: it is untested on a GPU.
 
 What comes from torchtitan with 0.3.x: the model (``llama3_configs[flavor]``:
 fused wqkv, its RoPE, its default FlexAttention with a causal block mask (0.3 no longer offers SDPA for
@@ -52,7 +54,7 @@ def import_torchtitan() -> types.SimpleNamespace:
         from torchtitan.models.llama3.infra.parallelize import apply_compile, apply_fsdp
 
         return types.SimpleNamespace(
-            api="0.2", version=_dist_version("torchtitan"), llama3=llama3, JobConfig=JobConfig,
+            api="0.2", version=torchtitan_version(), llama3=llama3, JobConfig=JobConfig,
             Float8LinearConverter=Float8LinearConverter, apply_compile=apply_compile, apply_fsdp=apply_fsdp,
         )
     try:
@@ -66,7 +68,7 @@ def import_torchtitan() -> types.SimpleNamespace:
         raise ConfigError(f"torchtitan is not importable ({exc}); install it with: {TORCHTITAN_INSTALL}") from exc
     return types.SimpleNamespace(
         api="0.3",
-        version=getattr(torchtitan, "__version__", None) or _dist_version("torchtitan"),
+        version=getattr(torchtitan, "__version__", None) or torchtitan_version(),
         Float8LinearConverter=Float8LinearConverter,
         CompileConfig=CompileConfig,
         apply_compile=apply_compile,
@@ -202,14 +204,11 @@ def _check_same_shape(model: nn.Module, model_cfg: ModelConfig) -> None:
         )
 
 
-def _dist_version(name: str) -> str | None:
+def torchtitan_version() -> str | None:
+    """The installed torchtitan distribution's version, or None."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version(name)
+        return version("torchtitan")
     except PackageNotFoundError:
         return None
-
-
-def torchtitan_version() -> Any:
-    return _dist_version("torchtitan")
