@@ -22,9 +22,10 @@ from training.data import DataConfig
 from training.errors import ConfigError
 from training.fp8 import Fp8Config
 from training.metrics import MetricsConfig
-from training.model import MODEL_PRESETS, ModelConfig
+from training.model import ModelConfig
 from training.optim import OptimConfig
 from training.parallelize import ParallelConfig
+from training.shapes import fill_model_preset
 
 CONFIGS_DIR = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = CONFIGS_DIR / "tiny-cpu.toml"  # what `python -m training` trains with no --config
@@ -121,7 +122,7 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Train
     for override in overrides:
         section, key, text = _split_override(override)
         tables.setdefault(section, {})[key] = _typed(SECTIONS[section], section, key, text, from_text=True)
-    _fill_model_preset(tables.setdefault("model", {}))
+    fill_model_preset(tables.setdefault("model", {}))
     cfg = TrainConfig(**{section: SECTIONS[section](**tables.get(section, {})) for section in SECTIONS})
     cfg.validate()
     return cfg
@@ -236,17 +237,6 @@ def _describe(tp: Any) -> str:
         return f"a list [{', '.join(_describe(a) for a in args)}]"
     names = {bool: "true or false", int: "an integer", float: "a number", str: "a string", type(None): "none"}
     return names.get(tp, getattr(tp, "__name__", str(tp)))
-
-
-def _fill_model_preset(model_table: dict[str, Any]) -> None:
-    """Shape fields the file and --set did not give come from the named preset."""
-    preset = model_table.get("preset", "")
-    if not preset:
-        return
-    if preset not in MODEL_PRESETS:
-        raise ConfigError(f"model.preset={preset!r}: allowed: {', '.join(MODEL_PRESETS)} or '' (custom)")
-    for key, value in MODEL_PRESETS[preset].items():
-        model_table.setdefault(key, value)
 
 
 __all__ = ["DEFAULT_CONFIG", "ModelConfig", "RunConfig", "TrainConfig", "load_config", "resolve_config_path"]
