@@ -68,6 +68,8 @@ BACKWARD_DIM_BYTES = 4
 BACKWARD_FFN_BYTES = 6
 # RoPE's cos and sin tables: fp32 [seq_len, head_dim] each, once per micro-batch.
 ROPE_BYTES = 8
+# The micro-batch's token ids on the GPU: int64 inputs and targets.
+TOKEN_ID_BYTES = 2 * 8
 
 # FSDP2 with a bf16 MixedPrecisionPolicy and fp32 reduction.
 SHARDED_BYTES_PER_PARAM = {"params": 4, "grads": 4, "optimizer": 8}  # fp32 param, fp32 grad, AdamW m and v
@@ -186,6 +188,7 @@ def estimate_memory(cfg: ModelConfig, run: RunShape, gpus: int, gpu_memory_gib: 
               (cfg.n_layers - 1) * block * tokens)
     )
     rope = ("RoPE cos/sin tables", ROPE_BYTES * cfg.head_dim * run.seq_len)
+    batch = ("token ids (int64 inputs and targets)", TOKEN_ID_BYTES * tokens)
     logits = (f"bf16 logits held: {LOGITS_VOCAB_BYTES} B x vocab x tokens",
               LOGITS_VOCAB_BYTES * cfg.vocab_size * tokens)
     # up to the first reduce-scatter of backward the sharded gradients do not exist (the loop zeroes them with
@@ -202,6 +205,7 @@ def estimate_memory(cfg: ModelConfig, run: RunShape, gpus: int, gpu_memory_gib: 
         saved,
         (f"loss: {LOSS_VOCAB_BYTES} B x vocab + final norm, per token", loss_peak_bytes_per_token(cfg) * tokens),
         rope,
+        batch,
     ))
     # backward through the last block (the first one backward reaches): every block's saved activations are
     # still live (with checkpointing:
@@ -225,6 +229,7 @@ def estimate_memory(cfg: ModelConfig, run: RunShape, gpus: int, gpu_memory_gib: 
         ("activation gradients in flight",
          (BACKWARD_DIM_BYTES * cfg.dim + BACKWARD_FFN_BYTES * cfg.ffn_dim) * tokens),
         rope,
+        batch,
     ))
     # backward through the next block while the previous block's reduce-scatter is still in flight on its own
     # stream: that block's activations are freed, its fp32 reduce-scatter input is not yet (with activation
@@ -242,6 +247,7 @@ def estimate_memory(cfg: ModelConfig, run: RunShape, gpus: int, gpu_memory_gib: 
         ("activation gradients in flight",
          (BACKWARD_DIM_BYTES * cfg.dim + BACKWARD_FFN_BYTES * cfg.ffn_dim) * tokens),
         rope,
+        batch,
     ))
     # the block's post-backward: its activations are freed, its gradients go into the fp32 reduce-scatter input
     backward_reduce = Phase("a block's reduce-scatter", (
@@ -253,12 +259,14 @@ def estimate_memory(cfg: ModelConfig, run: RunShape, gpus: int, gpu_memory_gib: 
         saved_after_block,
         logits,
         rope,
+        batch,
     ))
     # the end of backward: the root group (embeddings, output head) reduce-scatters its gradients
     backward_root = Phase("root reduce-scatter (end of backward)", (
         params, grads, optimizer,
         ("root's bf16 gradients and fp32 reduce-scatter input", UNSHARDED_GRAD_BYTES * sizes.root),
         logits,
+        batch,
     ))
     step = Phase("optimizer step", (
         params, grads, optimizer,

@@ -63,8 +63,10 @@ class MfuChoice:
         return self.value / RECOMPUTE_FACTOR if activation_checkpointing else self.value * RECOMPUTE_FACTOR
 
 
-def load_measurements(path: Path = MEASURED_MFU_PATH) -> list[Measurement]:
-    """The measured figures; none when the file is absent (an installed clusterctl without the checkout)."""
+def load_measurements(path: Path | None = None) -> list[Measurement]:
+    """The measured figures (benchmarks/mfu.json by default); none when the file is absent (clusterctl
+    installed without the checkout)."""
+    path = path or MEASURED_MFU_PATH
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
