@@ -115,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_global_options(common, suppress=True)
     parser = argparse.ArgumentParser(
         prog="clusterctl",
-        description="Operate the P5 training cluster: quota and capacity, nodes, jobs (submit, status, logs, "
+        description="Plan and operate the P5 training cluster: plan (memory, nodes, time, cost per instance "
+        "type), quota and capacity (offerings and prices across regions), nodes, jobs (submit, status, logs, "
         "cancel) and cost.",
         epilog=EXIT_CODES_HELP,
     )

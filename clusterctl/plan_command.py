@@ -31,7 +31,7 @@ def add_parser(add: Callable[..., argparse.ArgumentParser]) -> None:
         "deploy and run the chosen one. Needs no AWS access. Exit 1 when no type fits.",
         epilog="Memory: sharded fp32 parameters, gradients and AdamW moments (16 B per parameter / GPUs), "
         "FSDP2's gathered bf16 blocks and reduce-scatter buffers, activations with or without activation "
-        "checkpointing, a 5%% allocator margin and a 3 GiB runtime reserve (--explain shows it all). Time: "
+        "checkpointing, a 5% allocator margin and a 3 GiB runtime reserve (--explain shows it all). Time: "
         "training.shapes.flops_per_token x tokens / (GPUs x dense BF16 peak x MFU). Cost: the catalog's "
         "us-east-1 on-demand price.",
     )

@@ -10,6 +10,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from clusterctl import capacity, commands, pricing
+from clusterctl.aws import EXIT_ENDPOINT, ClusterctlError
 from clusterctl.regions import RegionResult, across_regions, exit_code_of, parse_regions, regional_client
 from clusterctl.render import format_table, format_time, format_usd, to_json
 
@@ -62,7 +63,9 @@ def capacity_offerings(args: argparse.Namespace, runtime: Runtime) -> int:
 def capacity_prices(args: argparse.Namespace, runtime: Runtime) -> int:
     assert runtime.context is not None
     context = runtime.context
-    regions = parse_regions(args.regions) if args.regions else parse_regions(context.region or "", "--region")
+    if not args.regions and not context.region:
+        raise ClusterctlError("no AWS region: pass --regions (or --region, or set AWS_REGION)", EXIT_ENDPOINT)
+    regions = parse_regions(args.regions or context.region)
     now = runtime.now()
     spot = across_regions(
         context, "ec2", regions, lambda ec2, region: pricing.current_spot_prices(ec2, args.instance_type, now)
