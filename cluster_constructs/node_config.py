@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from stacks.settings import ComputeSettings, StorageSettings
+from stacks.settings import BootstrapSettings, ComputeSettings, StorageSettings
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: expected.nvswitch and the bootstrap section (deadline, protected mode)
 BUNDLE_DIR = "/opt/cluster/bundle"
 NODE_CONFIG_PATH = "/etc/cluster/node-config.json"
 DLAMI_SCRATCH = (
@@ -32,6 +32,8 @@ def render_node_config(
     file_system_dns_name: str,
     file_system_mount_name: str,
     log_group_name: str,
+    bootstrap: BootstrapSettings,
+    auto_scaling_group_name: str,
 ) -> dict[str, Any]:
     """The node config as a JSON-ready dict (values may be CDK tokens)."""
     instance = compute.instance_type
@@ -46,6 +48,7 @@ def render_node_config(
             "gpuMemoryGiB": instance.gpu_memory_gib,
             "efaInterfaceCount": instance.efa_interfaces,
             "nvmeDeviceCount": instance.nvme_devices,
+            "nvswitch": instance.nvswitch,
         },
         "scratch": {"mountPoint": compute.scratch_mount_point, "dlamiMountPoint": DLAMI_SCRATCH},
         "lustre": {
@@ -64,5 +67,11 @@ def render_node_config(
             "checkpointRoot": f"{fsx}/checkpoints",
             "dataRoot": f"{fsx}/data",
             "rendezvousPort": RENDEZVOUS_PORT,
+        },
+        "bootstrap": {
+            "deadlineSeconds": bootstrap.timeout_seconds,
+            "autoScalingGroupName": auto_scaling_group_name,
+            "protectedModeFailures": bootstrap.protected_mode_failures,
+            "protectedModeWindowSeconds": bootstrap.protected_mode_window_minutes * 60,
         },
     }

@@ -1,6 +1,7 @@
 """ClusterObservability: the log group for bootstrap and job logs, the alarm topic, and the alarms.
 
-A missing node and a full file system are the two failures that silently idle a paid cluster: both alarm.
+A missing node and a full file system are the two failures that silently idle a paid cluster: both alarm. So
+does protected mode: nodes that keep failing their bootstrap stop being replaced, and someone must look.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ from constructs import Construct
 from stacks.settings import ObservabilitySettings
 
 LOW_FREE_STORAGE_FRACTION = 0.1
+# Published by the nodes (node_bootstrap/protection.py) in the namespace their role may write.
+PROTECTED_MODE_NAMESPACE = "TrainingCluster"
+PROTECTED_MODE_METRIC = "BootstrapProtectedMode"
 
 _RETENTION = {
     1: "ONE_DAY",
@@ -140,6 +144,33 @@ class ClusterObservability(Construct):
             comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
             treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
             alarm_description="Fewer training nodes in service than desired for 15 minutes",
+        )
+        alarm.add_alarm_action(cw_actions.SnsAction(self.alarm_topic))
+        return alarm
+
+    def add_protected_mode_alarm(self, *, auto_scaling_group_name: str) -> cloudwatch.Alarm:
+        """Alarm when nodes put the group into protected mode (node_bootstrap/protection.py publishes 1 then, and 0
+        after each successful bootstrap). Missing data keeps the state: the group stays suspended until an
+        operator resumes it, and the next node that boots cleanly turns the alarm OK."""
+        protected = cloudwatch.Metric(
+            namespace=PROTECTED_MODE_NAMESPACE,
+            metric_name=PROTECTED_MODE_METRIC,
+            statistic="Maximum",
+            period=Duration.minutes(1),
+            dimensions_map={"AutoScalingGroupName": auto_scaling_group_name},
+        )
+        alarm = protected.create_alarm(
+            self,
+            "ProtectedModeAlarm",
+            threshold=1,
+            evaluation_periods=1,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            treat_missing_data=cloudwatch.TreatMissingData.IGNORE,
+            alarm_description=(
+                "Protected mode: node bootstraps keep failing for the same reason, so the group no longer replaces "
+                f"unhealthy nodes. The reason is the group tag cluster:protected of {auto_scaling_group_name}; "
+                "fix it, then resume as docs/operations.md 'Protected mode' says."
+            ),
         )
         alarm.add_alarm_action(cw_actions.SnsAction(self.alarm_topic))
         return alarm

@@ -37,6 +37,7 @@ class Measurement:
     preset: str
     gpu: str  # the catalog's gpu_model: A100, H100, H200, B200
     fp8_backend: str  # none | torchao | te
+    fp8_recipe: str  # torchao: tensorwise | rowwise; te: delayed | current; "" with none
     seq_len: int
     micro_batch_size: int
     activation_checkpointing: bool
@@ -79,33 +80,44 @@ def load_measurements(path: Path | None = None) -> list[Measurement]:
     return [_measurement(path, i, row) for i, row in enumerate(rows)]
 
 
-def choose_mfu(
-    *,
-    override: float | None,
-    preset: str,
-    gpu: str,
-    fp8_backend: str,
-    seq_len: int,
-    measurements: list[Measurement],
-) -> MfuChoice:
+@dataclass(frozen=True)
+class MfuQuery:
+    """What a measurement must match (preset, GPU, FP8 backend and recipe) and what makes one closer."""
+
+    preset: str  # "" for a custom shape: no measurement applies
+    gpu: str
+    fp8_backend: str
+    fp8_recipe: str
+    seq_len: int
+    compile: bool
+    micro_batch_size: int
+
+
+def choose_mfu(*, override: float | None, query: MfuQuery, measurements: list[Measurement]) -> MfuChoice:
     if override is not None:
         return MfuChoice(override, False, "--mfu", f"{override:.2f} from --mfu (without activation checkpointing)")
+    q = query
     matches = [
-        m for m in measurements if preset and m.preset == preset and m.gpu == gpu and m.fp8_backend == fp8_backend
+        m for m in measurements
+        if q.preset and (m.preset, m.gpu, m.fp8_backend, m.fp8_recipe) == (q.preset, q.gpu, q.fp8_backend,
+                                                                            q.fp8_recipe)
     ]
     if matches:
-        # the same sequence length first, then the most recent
-        best = max(matches, key=lambda m: (m.seq_len == seq_len, m.date))
+        # the same sequence length first, then the same torch.compile setting (it moves MFU most: eager
+        # torchao FP8 ran at a third of compiled), then the same micro-batch, then the most recent
+        best = max(matches, key=lambda m: (m.seq_len == q.seq_len, m.compile == q.compile,
+                                           m.micro_batch_size == q.micro_batch_size, m.date))
         return MfuChoice(
             best.mfu,
             best.activation_checkpointing,
             "measured",
-            f"{best.mfu:.3f} measured {best.date}: {best.preset} on one {best.gpu}, fp8 {best.fp8_backend}, "
-            f"seq {best.seq_len} x micro-batch {best.micro_batch_size}, activation checkpointing "
+            f"{best.mfu:.3f} measured {best.date}: {best.preset} on one {best.gpu}, fp8 "
+            f"{_backend(best.fp8_backend, best.fp8_recipe)}, seq {best.seq_len} x micro-batch "
+            f"{best.micro_batch_size}, compile {'on' if best.compile else 'off'}, activation checkpointing "
             f"{'on' if best.activation_checkpointing else 'off'} ({best.source}); one GPU, so multi-node "
             "communication is not in it",
         )
-    what = f"{preset or 'this model'} on {gpu} with fp8 {fp8_backend}"
+    what = f"{q.preset or 'this model'} on {q.gpu} with fp8 {_backend(q.fp8_backend, q.fp8_recipe)}"
     return MfuChoice(
         DEFAULT_MFU,
         False,
@@ -115,10 +127,15 @@ def choose_mfu(
     )
 
 
+def _backend(backend: str, recipe: str) -> str:
+    return f"{backend} {recipe}" if recipe else backend
+
+
 _FIELDS: dict[str, type | tuple[type, ...]] = {
     "preset": str,
     "gpu": str,
     "fp8_backend": str,
+    "fp8_recipe": str,
     "seq_len": int,
     "micro_batch_size": int,
     "activation_checkpointing": bool,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from cluster_constructs.instance_types import InstanceType
 from clusterctl.aws import EXIT_USAGE, ClusterctlError
 from clusterctl.memory import MemoryEstimate, RunShape, estimate_memory
-from clusterctl.mfu import Measurement, MfuChoice, choose_mfu
+from clusterctl.mfu import Measurement, MfuChoice, MfuQuery, choose_mfu
 from clusterctl.workload import Workload
 from training.shapes import count_params, flops_per_token
 
@@ -160,14 +160,16 @@ def plan_option(
     measurements: list[Measurement] | None = None,
 ) -> Option:
     backend = effective_fp8_backend(workload, instance)
-    mfu = choose_mfu(
-        override=mfu_override,
+    query = MfuQuery(
         preset=workload.preset,
         gpu=instance.gpu_model,
         fp8_backend=backend,
+        fp8_recipe=workload.fp8_recipe if backend == workload.fp8_backend else "",
         seq_len=workload.seq_len,
-        measurements=measurements or [],
+        compile=workload.compile,
+        micro_batch_size=workload.micro_batch_size,
     )
+    mfu = choose_mfu(override=mfu_override, query=query, measurements=measurements or [])
     without_ac = smallest_fit(workload, instance, False)
     with_ac = smallest_fit(workload, instance, True)
     total_flops = flops_per_token(workload.model, workload.seq_len) * tokens

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 DEFAULT_CONFIG_PATH = "/etc/cluster/node-config.json"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # must match cluster_constructs/node_config.py
 
 T = TypeVar("T")
 
@@ -27,6 +27,7 @@ class ExpectedHardware:
     gpu_memory_gib: int  # memory per GPU from the catalog
     efa_interface_count: int  # EFA devices `fi_info -p efa` must list
     nvme_device_count: int  # instance-store NVMe devices
+    nvswitch: bool  # GPUs joined by NVSwitches: NVIDIA Fabric Manager must run before CUDA works
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,14 @@ class LustreConfig:
     def source(self) -> str:
         """The mount source, as the FSx User Guide writes it: dns@tcp:/mountname."""
         return f"{self.dns_name}@tcp:/{self.mount_name}"
+
+
+@dataclass(frozen=True)
+class BootstrapConfig:
+    deadline_seconds: int  # the whole boot sequence must end within this; then the node is marked failed
+    auto_scaling_group_name: str  # the node's group: protected mode suspends its replacements
+    protected_mode_failures: int  # this many failures in a row, for the same reason, stop replacements
+    protected_mode_window_seconds: int  # ... counted within this window
 
 
 @dataclass(frozen=True)
@@ -76,6 +85,7 @@ class NodeConfig:
     lustre: LustreConfig
     logging: LoggingConfig
     training: TrainingConfig
+    bootstrap: BootstrapConfig
 
 
 def load_node_config(path: str) -> NodeConfig:
@@ -105,6 +115,7 @@ def parse_node_config(data: Any) -> NodeConfig:
     lustre = r.section("lustre")
     logging_ = r.section("logging")
     training = r.section("training")
+    bootstrap = r.section("bootstrap")
     return NodeConfig(
         schema_version=version,
         stack_name=r.string("stackName"),
@@ -115,6 +126,7 @@ def parse_node_config(data: Any) -> NodeConfig:
             gpu_memory_gib=expected.integer("gpuMemoryGiB", minimum=1),
             efa_interface_count=expected.integer("efaInterfaceCount", minimum=0),
             nvme_device_count=expected.integer("nvmeDeviceCount", minimum=0),
+            nvswitch=expected.boolean("nvswitch"),
         ),
         scratch=ScratchConfig(
             mount_point=scratch.abs_path("mountPoint"),
@@ -136,6 +148,12 @@ def parse_node_config(data: Any) -> NodeConfig:
             checkpoint_root=training.abs_path("checkpointRoot"),
             data_root=training.abs_path("dataRoot"),
             rendezvous_port=training.integer("rendezvousPort", minimum=1, maximum=65535),
+        ),
+        bootstrap=BootstrapConfig(
+            deadline_seconds=bootstrap.integer("deadlineSeconds", minimum=60),
+            auto_scaling_group_name=bootstrap.string("autoScalingGroupName"),
+            protected_mode_failures=bootstrap.integer("protectedModeFailures", minimum=1, maximum=100),
+            protected_mode_window_seconds=bootstrap.integer("protectedModeWindowSeconds", minimum=60),
         ),
     )
 

@@ -82,16 +82,15 @@ STACK_VARIANTS: dict[str, dict[str, str]] = {
         "reservationStartDate": "2027-01-05T11:30:00Z",
         "reservationEndDate": "2027-01-12T11:30:00Z",
     },
-    "p4d-isolated-efa-fsx": {
+    "p4d-isolated": {
         "instanceType": "p4d.24xlarge",
         "natGateway": "false",
-        "fsxEfaEnabled": "true",
         "fsxStorageGiB": "1200",
         "fsxThroughputPerTiB": "125",
         "region": "us-west-2",
         "availabilityZone": "us-west-2b",
     },
-    "p6-b200": {"instanceType": "p6-b200.48xlarge", "nodeCount": "1"},
+    "p6-b200-efa-fsx": {"instanceType": "p6-b200.48xlarge", "nodeCount": "1", "fsxEfaEnabled": "true"},
 }
 
 

@@ -17,15 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.checkpoint import CheckpointConfig
-from training.data import DataConfig
+from training.config_sections import (
+    MODEL_PRESETS,
+    CheckpointConfig,
+    DataConfig,
+    Fp8Config,
+    MetricsConfig,
+    ModelConfig,
+    OptimConfig,
+    ParallelConfig,
+)
 from training.errors import ConfigError
-from training.fp8 import Fp8Config
-from training.metrics import MetricsConfig
-from training.model import ModelConfig
-from training.optim import OptimConfig
-from training.parallelize import ParallelConfig
-from training.shapes import fill_model_preset
 
 CONFIGS_DIR = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = CONFIGS_DIR / "tiny-cpu.toml"  # what `python -m training` trains with no --config
@@ -119,13 +121,23 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Train
         tables[section] = {
             key: _typed(SECTIONS[section], section, key, value) for key, value in table.items()
         }
-    for override in overrides:
-        section, key, text = _split_override(override)
-        tables.setdefault(section, {})[key] = _typed(SECTIONS[section], section, key, text, from_text=True)
-    fill_model_preset(tables.setdefault("model", {}))
+    for section, values in parse_overrides(overrides).items():
+        tables.setdefault(section, {}).update(values)
+    _fill_model_preset(tables.setdefault("model", {}))
     cfg = TrainConfig(**{section: SECTIONS[section](**tables.get(section, {})) for section in SECTIONS})
     cfg.validate()
     return cfg
+
+
+def parse_overrides(overrides: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``section.field=value`` items as typed values per section (a later item for the same field wins); a
+    ConfigError names the first unknown section or key, or a value of the wrong type. The rules that span
+    fields (TrainConfig.validate) need the whole config: load_config."""
+    tables: dict[str, dict[str, Any]] = {}
+    for override in overrides:
+        section, key, text = _split_override(override)
+        tables.setdefault(section, {})[key] = _typed(SECTIONS[section], section, key, text, from_text=True)
+    return tables
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -239,4 +251,23 @@ def _describe(tp: Any) -> str:
     return names.get(tp, getattr(tp, "__name__", str(tp)))
 
 
-__all__ = ["DEFAULT_CONFIG", "ModelConfig", "RunConfig", "TrainConfig", "load_config", "resolve_config_path"]
+def _fill_model_preset(model_table: dict[str, Any]) -> None:
+    """Shape fields the file and --set did not give come from the named preset."""
+    preset = model_table.get("preset", "")
+    if not preset:
+        return
+    if preset not in MODEL_PRESETS:
+        raise ConfigError(f"model.preset={preset!r}: allowed: {', '.join(MODEL_PRESETS)} or '' (custom)")
+    for key, value in MODEL_PRESETS[preset].items():
+        model_table.setdefault(key, value)
+
+
+__all__ = [
+    "DEFAULT_CONFIG",
+    "ModelConfig",
+    "RunConfig",
+    "TrainConfig",
+    "load_config",
+    "parse_overrides",
+    "resolve_config_path",
+]

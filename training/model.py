@@ -16,18 +16,33 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
-# The shape arithmetic (presets, ModelConfig, count_params, flops_per_token) has no torch import and lives in
-# training.shapes, where clusterctl's planner reads it too; re-exported so `from training.model import ...`
-# keeps working.
-from training.shapes import (  # noqa: F401  (re-exports)
-    MODEL_PRESETS,
-    SHAPE_FIELDS,
-    ModelConfig,
-    build_model_config,
-    count_params,
-    flops_per_token,
-)
+from training.config_sections import MODEL_PRESETS, ModelConfig  # noqa: F401  (re-export)
+from training.errors import ConfigError
+
+# The shape arithmetic (build_model_config, count_params, flops_per_token) imports no torch and lives in
+# training.shapes, where clusterctl's planner reads it too: one FLOP count for the trainer's MFU and the plan.
+# Re-exported so `from training.model import flops_per_token` keeps working.
+from training.shapes import build_model_config, count_params, flops_per_token  # noqa: F401
+
+# Fused attention kernels in order of preference (torchtitan's order). On an H100, cuDNN's fused attention
+# made a whole 1b training step 5.4% faster than FlashAttention-2, the kernel PyTorch picks first
+# (docs/benchmarks.md, 2026-11-23). A kernel that cannot take the inputs is skipped, so the CPU keeps its own
+# path; set_sdpa_priority changes the order (python -m training.bench --sdpa-priority).
+SDPA_PRIORITIES = {
+    "cudnn": [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH],
+    "flash": [SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH],
+}
+_sdpa_backends = SDPA_PRIORITIES["cudnn"]
+
+
+def set_sdpa_priority(name: str) -> None:
+    """Prefer the ``name`` kernel (a key of SDPA_PRIORITIES) in every later forward."""
+    global _sdpa_backends
+    if name not in SDPA_PRIORITIES:
+        raise ConfigError(f"sdpa priority {name!r}: allowed: {', '.join(SDPA_PRIORITIES)}")
+    _sdpa_backends = SDPA_PRIORITIES[name]
 
 
 class RMSNorm(nn.Module):
@@ -88,7 +103,8 @@ class Attention(nn.Module):
         # eligible: enable_gqa rules some of them out and the math fallback would materialise T x T scores.
         # The copies cost 2 x B x T x dim activations per layer.
         k, v = _repeat_kv(k, self.n_heads // self.n_kv_heads), _repeat_kv(v, self.n_heads // self.n_kv_heads)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        with sdpa_kernel(_sdpa_backends, set_priority=True):
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.wo(out.transpose(1, 2).reshape(batch, seq_len, self.n_heads * self.head_dim))
 
 
