@@ -267,10 +267,10 @@ def _row(o: plan.Option) -> tuple[object, ...]:
         "on" if o.activation_checkpointing else "off",
         "-" if mem is None else f"{mem.peak_bytes / GIB:.1f}/{mem.usable_bytes / GIB:.1f}",
         f"{o.mfu_effective:.2f}",
-        _fmt(o.hours and o.hours / plan.HOURS_PER_DAY, ",.1f"),
+        _fmt(o.hours and o.hours / plan.HOURS_PER_DAY, ",.1f" if (o.hours or 0) >= 240 else ".2f"),
         _fmt(o.gpu_hours, ",.0f"),
         _fmt(o.cost_usd, ",.0f", "$"),
-        _fmt(o.usd_per_million_tokens, ",.2f", "$"),
+        _fmt(o.usd_per_million_tokens, ",.2f" if (o.usd_per_million_tokens or 0) >= 1 else ".4f", "$"),
     )
 
 
