@@ -274,8 +274,10 @@ class JobRunner(Construct):
                     resources=[stack_arn],
                 ),
                 iam.PolicyStatement(
-                    # These Describe* calls, Service Quotas reads and Capacity Block offerings take no
-                    # resource ARN (Service Authorization Reference: EC2, Auto Scaling, Service Quotas).
+                    # These Describe* calls, Service Quotas reads, Capacity Block offerings, the Spot price
+                    # history and the Price List take no resource ARN (Service Authorization Reference: EC2,
+                    # Auto Scaling, Service Quotas, AWS Price List). `clusterctl capacity prices` reads the last
+                    # two.
                     sid="DescribeClusterAndCapacity",
                     actions=[
                         "autoscaling:DescribeAutoScalingGroups",
@@ -283,6 +285,8 @@ class JobRunner(Construct):
                         "ec2:DescribeInstanceTypes",
                         "ec2:DescribeCapacityReservations",
                         "ec2:DescribeCapacityBlockOfferings",
+                        "ec2:DescribeSpotPriceHistory",
+                        "pricing:GetProducts",
                         "servicequotas:GetServiceQuota",
                         "servicequotas:GetAWSDefaultServiceQuota",
                     ],

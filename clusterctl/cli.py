@@ -15,7 +15,7 @@ from typing import TextIO
 import botocore.exceptions
 
 from cluster_constructs.instance_types import INSTANCE_TYPES, UnknownInstanceType
-from clusterctl import commands
+from clusterctl import commands, plan_command, regional_commands
 from clusterctl.aws import (
     EXIT_CODES_HELP,
     EXIT_FAILED,
@@ -126,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_global_options(common, suppress=True)
     parser = argparse.ArgumentParser(
         prog="clusterctl",
-        description="Operate the P5 training cluster: quota and capacity, nodes, jobs (submit, status, logs, "
+        description="Plan and operate the P5 training cluster: plan (memory, nodes, time, cost per instance "
+        "type), quota and capacity (offerings and prices across regions), nodes, jobs (submit, status, logs, "
         "cancel) and cost.",
         epilog=EXIT_CODES_HELP,
     )
@@ -135,6 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     def add(name: str, help_text: str, **kwargs: object) -> argparse.ArgumentParser:
         return sub.add_parser(name, parents=[common], help=help_text, description=help_text, **kwargs)
+
+    plan_command.add_parser(add)
 
     quota = add(
         "quota", "Does the request fit the On-Demand P-instance vCPU quota (L-417A185B)? Exit 1 if not."
@@ -146,7 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     capacity = add("capacity", "Capacity Blocks for ML and capacity reservations.")
     capacity_sub = capacity.add_subparsers(dest="capacity_command", required=True, metavar="ACTION")
     offerings = capacity_sub.add_parser(
-        "offerings", parents=[common], help="list Capacity Block offerings with their price, cheapest first"
+        "offerings",
+        parents=[common],
+        help="list Capacity Block offerings with their price, cheapest first (--regions: several regions at once)",
     )
     offerings.add_argument("--instance-type", type=_instance_type, default="p5.48xlarge")
     offerings.add_argument("--nodes", type=_positive_int, required=True)
@@ -158,7 +163,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     offerings.add_argument("--start", type=_utc_time, help="earliest start (ISO 8601, UTC if no zone)")
     offerings.add_argument("--end", type=_utc_time, help="latest end (ISO 8601, UTC if no zone)")
-    offerings.set_defaults(handler=commands.capacity_offerings)
+    offerings.add_argument(
+        "--regions",
+        metavar="REGION,...",
+        help="ask these regions in parallel (e.g. us-east-1,us-west-2,eu-north-1); a region that fails is a "
+        "warning, not the end (default: --region only)",
+    )
+    offerings.set_defaults(handler=regional_commands.capacity_offerings)
+    prices = capacity_sub.add_parser(
+        "prices",
+        parents=[common],
+        help="current Spot price per AZ (EC2 Spot price history) and the on-demand price per region (AWS Price "
+        "List API, else the catalog's, labelled)",
+    )
+    prices.add_argument("--instance-type", type=_instance_type, default="p5.48xlarge")
+    prices.add_argument(
+        "--regions", metavar="REGION,...", help="regions to ask in parallel (default: --region)"
+    )
+    prices.set_defaults(handler=regional_commands.capacity_prices)
     purchase = capacity_sub.add_parser(
         "purchase",
         parents=[common],

@@ -74,7 +74,8 @@ def _operator_policy_suppressions(stack: Stack) -> None:
                 reason="Resource * for read-only actions that take no resource ARN: ssm:GetCommandInvocation, "
                 "ListCommandInvocations and ListCommands (any command in the account and Region), "
                 "autoscaling:DescribeAutoScalingGroups, ec2:DescribeInstances, DescribeInstanceTypes, "
-                "DescribeCapacityReservations, DescribeCapacityBlockOfferings, servicequotas:GetServiceQuota and "
+                "DescribeCapacityReservations, DescribeCapacityBlockOfferings, DescribeSpotPriceHistory, "
+                "pricing:GetProducts (public price lists), servicequotas:GetServiceQuota and "
                 "GetAWSDefaultServiceQuota.",
                 applies_to=["Resource::*"],
             ),

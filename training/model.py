@@ -18,8 +18,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from training.config_sections import MODEL_PRESETS, ModelConfig
+from training.config_sections import MODEL_PRESETS, ModelConfig  # noqa: F401  (re-export)
 from training.errors import ConfigError
+
+# The shape arithmetic (build_model_config, count_params, flops_per_token) imports no torch and lives in
+# training.shapes, where clusterctl's planner reads it too: one FLOP count for the trainer's MFU and the plan.
+# Re-exported so `from training.model import flops_per_token` keeps working.
+from training.shapes import build_model_config, count_params, flops_per_token  # noqa: F401
 
 # Fused attention kernels in order of preference (torchtitan's order). On an H100, cuDNN's fused attention
 # made a whole 1b training step 5.4% faster than FlashAttention-2, the kernel PyTorch picks first
@@ -38,17 +43,6 @@ def set_sdpa_priority(name: str) -> None:
     if name not in SDPA_PRIORITIES:
         raise ConfigError(f"sdpa priority {name!r}: allowed: {', '.join(SDPA_PRIORITIES)}")
     _sdpa_backends = SDPA_PRIORITIES[name]
-
-
-
-
-def build_model_config(preset: str, **overrides: int | float | str) -> ModelConfig:
-    """A validated ModelConfig from a preset name plus explicit field values (which win)."""
-    if preset not in MODEL_PRESETS:
-        raise ConfigError(f"model.preset={preset!r}: allowed: {', '.join(MODEL_PRESETS)}")
-    cfg = ModelConfig(preset=preset, **{**MODEL_PRESETS[preset], **overrides})
-    cfg.validate()
-    return cfg
 
 
 class RMSNorm(nn.Module):
@@ -224,32 +218,7 @@ def _init_(weight: torch.Tensor, fill: Callable[[torch.Tensor], torch.Tensor]) -
     weight.copy_(distribute_tensor(full, weight.device_mesh, weight.placements, src_data_rank=None))
 
 
-def count_params(cfg: ModelConfig, *, include_embedding: bool = True) -> int:
-    """Parameters of Transformer(cfg), computed from the shape (no model needed)."""
-    kv_width = cfg.n_kv_heads * cfg.head_dim
-    attention = 2 * cfg.dim * cfg.dim + 2 * cfg.dim * kv_width  # wq, wo + wk, wv
-    feed_forward = 3 * cfg.dim * cfg.ffn_dim
-    block = attention + feed_forward + 2 * cfg.dim  # + two RMSNorm weights
-    non_embedding = cfg.n_layers * block + cfg.dim + cfg.dim * cfg.vocab_size  # + final norm + output head
-    return non_embedding + (cfg.vocab_size * cfg.dim if include_embedding else 0)
-
-
 def num_params(model: nn.Module) -> int:
     """Parameters of a built model: the global count, also when FSDP2 has sharded it (DTensor.numel() is the
     global size)."""
     return sum(p.numel() for p in model.parameters())
-
-
-def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
-    """Training FLOPs (forward + backward) per token, the convention of PaLM (Chowdhery et al. 2022, appendix
-    B) and torchtitan's ``get_num_flop_per_token``:
-
-        6 * N + 12 * n_layers * dim * seq_len
-
-    N counts every parameter that takes part in a matmul: all but the token embedding (a lookup), including
-    the output head; 6 = 2 FLOPs per multiply-add x (1 forward + 2 backward). The second term is attention's
-    QK^T and AV matmuls: 2 matmuls x 2 FLOPs x 3 (fwd+bwd) x dim x seq_len per layer, counted over the full
-    T x T score matrix (causal masking is not subtracted), as PaLM and torchtitan do, so MFU figures compare
-    with theirs. Norm weights are included in N; they add < 0.01%."""
-    non_embedding = count_params(cfg, include_embedding=False)
-    return 6.0 * non_embedding + 12.0 * cfg.n_layers * cfg.dim * seq_len

@@ -251,6 +251,7 @@ def test_operator_reads_results_logs_stack_and_capacity(built):
     assert set(statement(template, "DescribeClusterAndCapacity")["Action"]) == {
         "autoscaling:DescribeAutoScalingGroups", "ec2:DescribeInstances", "ec2:DescribeInstanceTypes",
         "ec2:DescribeCapacityReservations", "ec2:DescribeCapacityBlockOfferings",
+        "ec2:DescribeSpotPriceHistory", "pricing:GetProducts",
         "servicequotas:GetServiceQuota", "servicequotas:GetAWSDefaultServiceQuota"}
     purchase = statement(template, "PurchaseCapacityBlocks")
     assert purchase["Action"] == "ec2:PurchaseCapacityBlock"
