@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from stacks.settings import ComputeSettings, StorageSettings
+from cluster_constructs.cloudwatch_agent import EFA_METRICS_DIR, render_agent_config
+from cluster_constructs.cluster_metrics import TRAINING_NAMESPACE
+from stacks.settings import ComputeSettings, ObservabilitySettings, StorageSettings
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: "metrics" and "cloudwatchAgent" (node metrics through the CloudWatch agent)
 BUNDLE_DIR = "/opt/cluster/bundle"
 NODE_CONFIG_PATH = "/etc/cluster/node-config.json"
 DLAMI_SCRATCH = (
@@ -29,6 +31,8 @@ def render_node_config(
     region: str,
     compute: ComputeSettings,
     storage: StorageSettings,
+    observability: ObservabilitySettings,
+    auto_scaling_group_name: str,
     file_system_dns_name: str,
     file_system_mount_name: str,
     log_group_name: str,
@@ -36,6 +40,10 @@ def render_node_config(
     """The node config as a JSON-ready dict (values may be CDK tokens)."""
     instance = compute.instance_type
     fsx = storage.fsx_mount_point
+    interval_s = observability.metrics_interval_seconds
+    # scratch is mounted at scratchMountPoint by node_bootstrap, or left where the DLAMI mounted it (and
+    # linked): the agent reports whichever is the mount point
+    disks = tuple(dict.fromkeys(("/", compute.scratch_mount_point, DLAMI_SCRATCH, fsx)))
     return {
         "schemaVersion": SCHEMA_VERSION,
         "stackName": stack_name,
@@ -55,6 +63,15 @@ def render_node_config(
             "efaEnabled": storage.fsx_efa_enabled,
         },
         "logging": {"logGroupName": log_group_name},
+        "metrics": {
+            "intervalSeconds": interval_s,
+            "namespace": TRAINING_NAMESPACE,
+            "autoScalingGroupName": auto_scaling_group_name,
+            "efaMetricsDir": EFA_METRICS_DIR,
+        },
+        "cloudwatchAgent": render_agent_config(
+            log_group_name=log_group_name, interval_seconds=interval_s, disk_mount_points=disks
+        ),
         "training": {
             "bundleDir": BUNDLE_DIR,
             "envFile": "/etc/cluster/training.env",

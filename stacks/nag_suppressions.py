@@ -99,8 +99,9 @@ def _operator_policy_suppressions(stack: Stack) -> None:
         [
             NagPackSuppression(
                 id="AwsSolutions-IAM5",
-                reason="SSM command reads, Auto Scaling/EC2 Describe*, Capacity Block offerings and Service Quotas "
-                "reads take no resource ARN (Service Authorization Reference); they are read-only.",
+                reason="SSM command reads, Auto Scaling/EC2 Describe*, Capacity Block offerings, Service Quotas "
+                "reads and CloudWatch GetMetricData/ListMetrics take no resource ARN (Service Authorization "
+                "Reference); they are read-only.",
                 applies_to=["Resource::*"],
             ),
             NagPackSuppression(

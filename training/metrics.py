@@ -1,7 +1,13 @@
-"""Per-step metrics: a JSON line on rank 0's stdout, a progress line on its stderr, optional CloudWatch.
+"""Per-step metrics: a JSON line on rank 0's stdout, a progress line and a CloudWatch EMF line on its stderr.
 
 The JSON line is the trainer's progress contract with the jobs launcher (docs/architecture.md, "Jobs"):
 ``{"event": "step", "step": N, "loss": L, ...}``; N counts completed optimizer steps (1-based).
+
+On the cluster, rank 0 also writes the step record in CloudWatch Embedded Metric Format (EMF) to stderr: the
+job log, which the CloudWatch agent already ships, so CloudWatch Logs turns it into metrics with no API call
+from the training loop (CloudWatch User Guide, "Specification: Embedded metric format"; the agent marks a
+stream as EMF when a line is a JSON object with "CloudWatchMetrics"). Dimensions: {Cluster, JobId}, from the
+job environment (CLUSTER_STACK_NAME, CLUSTER_JOB_ID), and {Cluster} for the metrics the stack's alarms watch.
 
 Step times are averaged over the steps since the last logged step on each rank (after a device synchronize)
 and all-gathered, so a straggler shows up as ``step_time_s_max`` with ``slowest_rank`` naming it. Throughput
@@ -13,10 +19,13 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
 import resource
+import statistics
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -30,6 +39,9 @@ from training.errors import ConfigError
 log = logging.getLogger(__name__)
 
 _DIMENSION = re.compile(r"^[^=,]+=[^=,]+$")
+EMF_MODES = ("auto", "on", "off")
+JOB_ID_ENV = "CLUSTER_JOB_ID"  # set by node_bootstrap.jobs' supervisor for every job
+CLUSTER_ENV = "CLUSTER_STACK_NAME"  # from the training environment file (node_bootstrap/training_env.py)
 
 
 @dataclass
@@ -44,8 +56,13 @@ class MetricsConfig:
     cloudwatch_dimensions: str = ""  # "Name=Value,Name=Value" added to every metric, e.g. "Job=llama-1b"
     cloudwatch_region: str = ""  # AWS region for CloudWatch; "" = the default boto3 chain (AWS_REGION, ...)
     cloudwatch_flush_steps: int = 10  # logged steps buffered per PutMetricData call (fewer API calls)
+    # "auto": an EMF line per logged step on rank 0's stderr when running as a cluster job (CLUSTER_JOB_ID is
+    # set by the job supervisor); "on" / "off" force it. Namespace: cloudwatch_namespace.
+    emf: str = "auto"
 
     def validate(self) -> None:
+        if self.emf not in EMF_MODES:
+            raise ConfigError(f"metrics.emf={self.emf!r}: allowed: {', '.join(EMF_MODES)}")
         if not self.cloudwatch_namespace or self.cloudwatch_namespace.startswith("AWS/"):
             raise ConfigError(
                 f"metrics.cloudwatch_namespace={self.cloudwatch_namespace!r}: allowed: a non-empty name "
@@ -63,6 +80,10 @@ class MetricsConfig:
                 f"metrics.cloudwatch_flush_steps={self.cloudwatch_flush_steps!r}: allowed: an integer 1..100"
             )
 
+    def emf_enabled(self, environ: dict[str, str] | None = None) -> bool:
+        environ = os.environ if environ is None else environ
+        return self.emf == "on" or (self.emf == "auto" and bool(environ.get(JOB_ID_ENV)))
+
     def dimensions(self) -> list[dict[str, str]]:
         """The configured dimensions in PutMetricData's shape."""
         pairs = [d.strip().split("=", 1) for d in self.cloudwatch_dimensions.split(",") if d.strip()]
@@ -77,6 +98,11 @@ class ThroughputModel:
     world_size: int  # ranks sharing those tokens (GPUs)
     flops_per_token: float  # model training FLOPs per token (training.model.flops_per_token)
     peak_tflops_per_gpu: float | None  # dense BF16 peak of one GPU (training.hardware); None on CPU
+
+
+def median_step_time(step_times_s: list[float]) -> float:
+    """The median rank's step time: what the slowest rank is compared against."""
+    return float(statistics.median(step_times_s))
 
 
 def summarize_ranks(step_times_s: list[float]) -> dict[str, Any]:
@@ -189,6 +215,52 @@ class CloudWatchPublisher:
             log.warning("CloudWatch PutMetricData failed (%s); training continues", exc)
 
 
+# EMF: metric name, how to get it from the step record (and the extras below), unit. Names are what
+# cluster_constructs/cluster_metrics.py (the dashboard, the alarms, clusterctl top) reads.
+_EMF_METRICS = (
+    ("Step", lambda r: r["step"], "Count"),
+    ("RunSteps", lambda r: r["run_steps"], "Count"),
+    ("EtaSeconds", lambda r: (r["run_steps"] - r["step"]) * r["step_time_s_max"], "Seconds"),
+    ("Loss", lambda r: r["loss"], "None"),
+    ("LearningRate", lambda r: r["lr"], "None"),
+    ("GradNorm", lambda r: r["grad_norm"], "None"),
+    ("TokensPerSecond", lambda r: r["tokens_per_s"], "Count/Second"),
+    ("TFLOPSPerGPU", lambda r: r["tflops"], "None"),
+    ("MFU", lambda r: None if r["mfu"] is None else 100.0 * r["mfu"], "Percent"),
+    ("StepTimeMax", lambda r: r["step_time_s_max"], "Seconds"),
+    ("StepTimeMedian", lambda r: r["step_time_s_median"], "Seconds"),
+    ("StepTimeMin", lambda r: r["step_time_s_min"], "Seconds"),
+    ("StragglerRatio", lambda r: r["step_time_s_max"] / r["step_time_s_median"]
+     if r["step_time_s_median"] > 0 else None, "None"),
+    ("SlowestRank", lambda r: r["slowest_rank"], "None"),
+    ("PeakMemoryGiB", lambda r: r["mem_gib"], "None"),  # GiB; CloudWatch's "Gigabytes" does not say 2**30
+)
+# Also published per cluster, whatever the job: alarms need fixed dimensions, and one job runs at a time.
+_EMF_CLUSTER_METRICS = ("TokensPerSecond", "MFU", "StragglerRatio")
+
+
+def build_emf_record(record: dict[str, Any], *, namespace: str, cluster: str, job_id: str,
+                     timestamp_ms: int) -> dict[str, Any]:
+    """The EMF document for one step record. ``record`` is the JSON step record plus ``run_steps`` and
+    ``step_time_s_median``. Non-finite values (a diverged loss) and absent ones (MFU on a CPU) are left out:
+    an EMF metric value must be a number."""
+    values: dict[str, float] = {}
+    units: dict[str, str] = {}
+    for name, get, unit in _EMF_METRICS:
+        value = get(record)
+        if value is None or isinstance(value, bool) or not math.isfinite(value):
+            continue
+        values[name], units[name] = float(value), unit
+    directives = [{"Namespace": namespace, "Dimensions": [["Cluster", "JobId"]],
+                   "Metrics": [{"Name": n, "Unit": units[n]} for n in values]}]
+    cluster_metrics = [n for n in _EMF_CLUSTER_METRICS if n in values]
+    if cluster_metrics:
+        directives.append({"Namespace": namespace, "Dimensions": [["Cluster"]],
+                           "Metrics": [{"Name": n, "Unit": units[n]} for n in cluster_metrics]})
+    return {"_aws": {"Timestamp": timestamp_ms, "CloudWatchMetrics": directives},
+            "Cluster": cluster, "JobId": job_id, **values}
+
+
 class MetricsLogger:
     """Collects per-rank step timings and, on rank 0, writes the step record. ``log_step`` is collective."""
 
@@ -206,6 +278,9 @@ class MetricsLogger:
         self.cloudwatch = cloudwatch
         if cloudwatch is None and cfg.cloudwatch and rank == 0:
             self.cloudwatch = CloudWatchPublisher(cfg)
+        self.emf = cfg.emf_enabled() and rank == 0
+        self.emf_cluster = os.environ.get(CLUSTER_ENV) or "local"
+        self.emf_job_id = os.environ.get(JOB_ID_ENV) or "local"
 
     def log_step(self, *, step: int, total_steps: int, loss: torch.Tensor, lr: float, grad_norm: torch.Tensor,
                  step_time_s: float) -> dict[str, Any] | None:
@@ -230,7 +305,16 @@ class MetricsLogger:
         record["mem_gib"] = peak_memory_gib(self.device)
         record.update(self.gpu.sample())
         self._emit(record, total_steps)
+        if self.emf:
+            self._emit_emf({**record, "run_steps": total_steps, "step_time_s_median": median_step_time(times)})
         return record
+
+    def _emit_emf(self, record: dict[str, Any]) -> None:
+        document = build_emf_record(record, namespace=self.cfg.cloudwatch_namespace, cluster=self.emf_cluster,
+                                    job_id=self.emf_job_id, timestamp_ms=int(time.time() * 1000))
+        # one line, one write: the JSON object alone on its line, as EMF requires
+        self.stderr.write(json.dumps(document, allow_nan=False, separators=(",", ":")) + "\n")
+        self.stderr.flush()
 
     def _emit(self, record: dict[str, Any], total_steps: int) -> None:
         if self.cfg.json_lines:

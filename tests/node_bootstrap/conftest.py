@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from cluster_constructs.cloudwatch_agent import EFA_METRICS_DIR, render_agent_config
 from node_bootstrap.config import parse_node_config
 from node_bootstrap.host import Host
 from node_bootstrap.imds import InstanceIdentity
@@ -34,8 +35,9 @@ def fixture_text(name: str) -> str:
 
 def node_config_dict(**overrides) -> dict:
     """The node config the stack renders for p5.48xlarge (docs/architecture.md section 2)."""
+    log_group = "/training-cluster/TrainingClusterStack"
     config = {
-        "schemaVersion": 1,
+        "schemaVersion": 2,
         "stackName": "TrainingClusterStack",
         "region": REGION,
         "instanceType": "p5.48xlarge",
@@ -43,7 +45,11 @@ def node_config_dict(**overrides) -> dict:
         "scratch": {"mountPoint": "/scratch", "dlamiMountPoint": "/opt/dlami/nvme"},
         "lustre": {"dnsName": "fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com", "mountName": "abcdefgh",
                    "mountPoint": "/fsx", "efaEnabled": False},
-        "logging": {"logGroupName": "/training-cluster/TrainingClusterStack"},
+        "logging": {"logGroupName": log_group},
+        "metrics": {"intervalSeconds": 60, "namespace": "TrainingCluster",
+                    "autoScalingGroupName": "TrainingClusterStack-nodes", "efaMetricsDir": EFA_METRICS_DIR},
+        "cloudwatchAgent": render_agent_config(log_group_name=log_group, interval_seconds=60,
+                                               disk_mount_points=("/", "/scratch", "/opt/dlami/nvme", "/fsx")),
         "training": {"bundleDir": "/opt/cluster/bundle", "envFile": "/etc/cluster/training.env",
                      "python": "/opt/pytorch/bin/python", "jobsDir": "/var/lib/cluster/jobs",
                      "jobLogDir": "/var/log/cluster/jobs", "checkpointRoot": "/fsx/checkpoints",
@@ -111,6 +117,7 @@ class FakeNode:
     lustre_installable: bool = True
     agent_running: bool = False
     agent_config_loads: int = 0
+    units: dict = field(default_factory=dict)  # systemd unit -> "active" / "inactive"
     gpu_csv: str = "nvidia-smi-query-gpu.p5.csv"
     remap_csv: str = "nvidia-smi-query-remapped-rows.p5.csv"
     fi_info_txt: str = "fi_info-efa-rdm.p5.txt"
@@ -292,6 +299,23 @@ class FakeNode:
         raise AssertionError(f"unexpected agent action {argv}")
 
 
+    def systemctl(self, argv):
+        action, rest = argv[1], argv[2:]
+        if action == "is-active":
+            state = self.units.get(rest[0], "inactive")
+            return (0 if state == "active" else 3), state + "\n"
+        if action == "daemon-reload":
+            return 0, ""
+        if action in ("restart", "enable"):
+            unit = rest[-1]
+            if not Path(self.path(f"/etc/systemd/system/{unit}")).exists():
+                return 5, "", f"Failed to {action} {unit}: Unit {unit} not found.\n"
+            if action == "restart" or "--now" in rest:
+                self.units[unit] = "active"
+            return 0, ""
+        raise AssertionError(f"unexpected systemctl call {argv}")
+
+
 def build_fake_node(root: Path, *, dry_run: bool = False, instance_store: int = 8, dlami: bool = False,
                     print_fn=print) -> FakeNode:
     runner = FakeRunner(dry_run=dry_run, print_fn=print_fn)
@@ -331,6 +355,7 @@ def build_fake_node(root: Path, *, dry_run: bool = False, instance_store: int = 
     runner.on("aws", node.aws)
     runner.on("python", node.python, on_path=False)  # run by absolute path
     runner.on("amazon-cloudwatch-agent-ctl", node.agent_ctl, on_path=False)
+    runner.on("systemctl", node.systemctl)
     node.write("/opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-ctl", "#!/bin/sh\n")
     return node
 
