@@ -171,6 +171,7 @@ class TrainingClusterStack(Stack):
             "AlarmTopicArn": observability.alarm_topic.topic_arn,
             "DashboardName": dashboard.dashboard_name,
             "DashboardUrl": dashboard.url,
+            "MetricsIntervalSeconds": str(settings.observability.metrics_interval_seconds),
             "InstanceType": compute.instance_type.name,
             "NodeCount": str(compute.node_count),
             "CapacityMode": capacity_settings.mode.value,

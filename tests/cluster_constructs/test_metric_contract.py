@@ -15,6 +15,7 @@ from metric_contract import (
     agent_published,
     alarm_references,
     aws_published,
+    dashboard_bodies,
     dashboard_references,
     emf_published,
     unproduced,
@@ -164,3 +165,41 @@ def test_user_data_carries_the_agent_config_at_the_configured_interval(synth):
     assert agent["metrics"]["append_dimensions"] == {"AutoScalingGroupName": "${aws:AutoScalingGroupName}",
                                                      "InstanceId": "${aws:InstanceId}"}
     assert config["metrics"]["autoScalingGroupName"] == GROUP
+
+
+def test_operators_may_read_what_clusterctl_top_reads(stack):
+    (policy,) = stack.resources("AWS::IAM::ManagedPolicy").values()
+    statements = {s.get("Sid"): s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
+    metrics = statements["ReadClusterMetrics"]
+    assert set(metrics["Action"]) == {"cloudwatch:GetMetricData", "cloudwatch:ListMetrics"}
+    assert "autoscaling:DescribeAutoScalingGroups" in statements["DescribeClusterAndCapacity"]["Action"]
+
+
+def test_one_dashboard_per_cluster_linked_from_the_outputs(stack):
+    (dashboard,) = stack.resources("AWS::CloudWatch::Dashboard").values()
+    assert dashboard["Properties"]["DashboardName"] == "TrainingClusterStack-us-east-1"
+    outputs = stack.template_json["Outputs"]
+    assert outputs["DashboardName"]["Value"] == "TrainingClusterStack-us-east-1"
+    assert outputs["DashboardUrl"]["Value"] == ("https://us-east-1.console.aws.amazon.com/cloudwatch/home?"
+                                                "region=us-east-1#dashboards/dashboard/TrainingClusterStack-us-east-1")
+    titles = {r.where for r in dashboard_references(stack.template_json)}
+    for wanted in ("GPU utilization per node", "GPU memory used per node", "GPU temperature per node",
+                   "GPU power per node", "EFA throughput per node", "Tokens per second", "MFU", "Loss",
+                   "Step time across ranks", "FSx for Lustre throughput", "FSx for Lustre free space",
+                   "Cost so far"):
+        assert any(t.startswith(wanted) for t in titles), wanted
+
+
+def test_the_interval_setting_reaches_agent_dashboard_and_outputs(synth):
+    stack = synth("capacity-block-p5en")  # metricsIntervalSeconds=30, budgetUsd=250000
+    config = node_config_in_user_data(stack)
+    assert config["cloudwatchAgent"]["agent"]["metrics_collection_interval"] == 30
+    assert stack.template_json["Outputs"]["MetricsIntervalSeconds"]["Value"] == "30"
+    periods = {json.dumps(m) for body in dashboard_bodies(stack.template_json)
+               for w in body["widgets"] for m in w.get("properties", {}).get("metrics", [])}
+    assert all('"period": 60' in p for p in periods)  # graphs never finer than a minute
+    alarms = {k: v["Properties"] for k, v in stack.resources("AWS::CloudWatch::Alarm").items()}
+    (budget,) = [a for k, a in alarms.items() if k.startswith("ObservabilityBudgetAlarm")]
+    assert budget["Threshold"] == 250000
+    (expression,) = [m["Expression"] for m in budget["Metrics"] if "Expression" in m]
+    assert expression == "node_minutes / 60 * 63.3"  # p5en.48xlarge's catalog price
