@@ -34,7 +34,28 @@ from cluster_constructs.instance_types import InstanceType
 from stacks.settings import ComputeSettings
 
 BOOTSTRAP_TAG_KEYS = ["cluster:bootstrap", "cluster:bootstrap-reason"]
+# Protected mode's bookkeeping on the group itself (node_bootstrap/protection.py writes these keys).
+GROUP_TAG_KEY_PATTERNS = ["cluster:bootstrap-failure:*", "cluster:bootstrap-last-success", "cluster:protected"]
 CLOUDWATCH_NAMESPACES = ["CWAgent", "TrainingCluster"]  # the agent's and the trainer's metrics
+# What the SSM Agent needs for Run Command and Session Manager, and nothing of AmazonSSMManagedInstanceCore's
+# inventory, patching, association and parameter reads (a node could read every SSM parameter in the account):
+# UpdateInstanceInformation registers the instance and reports its status; the agent receives commands and
+# sends replies through ssmmessages (SSM Agent >= 3.3.40) or, where that is not allowed, ec2messages
+# (Systems Manager User Guide, "Reference: ec2messages, ssmmessages, and other API operations"; the AWS
+# managed policy AWSCloud9SSMInstanceProfile grants the same UpdateInstanceInformation + ssmmessages set).
+SSM_AGENT_ACTIONS = [
+    "ssm:UpdateInstanceInformation",
+    "ssmmessages:CreateControlChannel",
+    "ssmmessages:CreateDataChannel",
+    "ssmmessages:OpenControlChannel",
+    "ssmmessages:OpenDataChannel",
+    "ec2messages:AcknowledgeMessage",
+    "ec2messages:DeleteMessage",
+    "ec2messages:FailMessage",
+    "ec2messages:GetEndpoint",
+    "ec2messages:GetMessages",
+    "ec2messages:SendReply",
+]
 
 
 def efa_network_interfaces(
@@ -91,8 +112,8 @@ class NodeGroup(Construct):
             self,
             "Role",
             assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
-            description="Training cluster nodes: SSM, CloudWatch Logs and metrics, own readiness tag and health",
-            managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name("AmazonSSMManagedInstanceCore")],
+            description="Training cluster nodes: SSM agent, CloudWatch Logs and metrics, own readiness tags, "
+            "health in own group, the bundle object",
         )
         self._grant_node_permissions(log_group_arn)
         profile = iam.CfnInstanceProfile(self, "InstanceProfile", roles=[self.role.role_name])
@@ -176,8 +197,22 @@ class NodeGroup(Construct):
             resource_name=f"*:autoScalingGroupName/{self.group_name}",
         )
 
+    def allow_object_download(self, *, bucket_name: str, object_key: str) -> None:
+        """Let the nodes download one S3 object (the bundle, at boot) and nothing else in its bucket."""
+        self.role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["s3:GetObject"],
+                resources=[Stack.of(self).format_arn(
+                    service="s3", region="", account="", resource=bucket_name, resource_name=object_key
+                )],
+            )
+        )
+
     def _grant_node_permissions(self, log_group_arn: str) -> None:
         statements = [
+            # The SSM Agent: Run Command (jobs) and Session Manager. These actions take no resource ARN, or
+            # (UpdateInstanceInformation) the caller's own instance; AWS documents them with Resource "*".
+            iam.PolicyStatement(actions=SSM_AGENT_ACTIONS, resources=["*"]),
             # The CloudWatch agent ships bootstrap and job logs into the cluster's log group only.
             iam.PolicyStatement(
                 actions=["logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
@@ -191,19 +226,35 @@ class NodeGroup(Construct):
             ),
             # Bootstrap reads its own tags (DescribeTags has no resource-level permissions).
             iam.PolicyStatement(actions=["ec2:DescribeTags"], resources=["*"]),
-            # Bootstrap sets and clears its own readiness tags, and no others.
+            # Bootstrap sets and clears its readiness tags, and no others, on instances of its own group. IAM
+            # cannot narrow CreateTags to the calling instance: ec2:SourceInstanceARN names the caller, and a
+            # Resource must be an ARN, so "${ec2:SourceInstanceARN}" alone is rejected (cfn-lint E3510).
             iam.PolicyStatement(
                 actions=["ec2:CreateTags", "ec2:DeleteTags"],
                 resources=[Stack.of(self).format_arn(service="ec2", resource="instance", resource_name="*")],
                 conditions={
                     "StringEquals": {"aws:ResourceTag/aws:autoscaling:groupName": self.group_name},
                     "ForAllValues:StringEquals": {"aws:TagKeys": BOOTSTRAP_TAG_KEYS},
+                    # ForAllValues holds for an empty key set too, and DeleteTags without keys deletes every tag.
+                    "Null": {"aws:TagKeys": "false"},
                 },
             ),
-            # A node that fails its health gate marks itself Unhealthy so the group replaces it.
+            # A node that fails its health gate marks itself Unhealthy so the group replaces it. The action's only
+            # resource is the group (the instance id is a request parameter IAM cannot match), so this allows
+            # any instance of this group, and no other group.
             iam.PolicyStatement(
                 actions=["autoscaling:SetInstanceHealth"], resources=[self.group_arn_pattern]
             ),
+            # Protected mode: nodes record failures and successes as group tags (only these keys) and, after
+            # too many failures in a row, suspend the group's ReplaceUnhealthy process.
+            iam.PolicyStatement(
+                actions=["autoscaling:CreateOrUpdateTags", "autoscaling:DeleteTags"],
+                resources=[self.group_arn_pattern],
+                conditions={"ForAllValues:StringLike": {"aws:TagKeys": GROUP_TAG_KEY_PATTERNS}},
+            ),
+            iam.PolicyStatement(actions=["autoscaling:SuspendProcesses"], resources=[self.group_arn_pattern]),
+            # DescribeTags has no resource-level permissions (Service Authorization Reference, Auto Scaling).
+            iam.PolicyStatement(actions=["autoscaling:DescribeTags"], resources=["*"]),
         ]
         for statement in statements:
             self.role.add_to_principal_policy(statement)

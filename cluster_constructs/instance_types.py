@@ -9,6 +9,10 @@ Sources (checked 2026-11):
 - Hardware: AWS EC2 User Guide, "Accelerated computing instances" specifications (GPUs, GPU memory, vCPUs,
   network cards, instance store) and "Maximize network bandwidth on instances with multiple network cards"
   (EFA layout: one EFA-only interface per network card; p5/p5e 32, p5en 16, p4d/p4de 4, p6-b200 8).
+- NVSwitch: every type here is an HGX baseboard whose 8 GPUs are joined by NVSwitches (A100, H100, H200,
+  B200 HGX); on those, NVIDIA's Fabric Manager must configure the switches before a CUDA context can be made
+  (NVIDIA Fabric Manager User Guide: "CUDA initialization fails with cudaErrorSystemNotReady" while it is
+  not running).
 - Peak dense (no sparsity) tensor throughput per GPU: NVIDIA datasheets. A100 SXM: 312 BF16, no FP8.
   H100 SXM and H200 SXM: 989 BF16, 1979 FP8. B200 (HGX B200): 2250 BF16, 4500 FP8.
 - On-demand price: Linux, us-east-1, USD per instance-hour, after the June 2025 P4/P5 price reduction. Only
@@ -16,6 +20,9 @@ Sources (checked 2026-11):
   post-reduction list prices as published in June 2025 and were not re-checked against the AWS Price List API
   (`aws pricing get-products`). Prices differ by region and change; clusterctl labels its cost figures as
   estimates from this table.
+- FSx for Lustre EFA clients: FSx for Lustre User Guide, "Configuring EFA clients": EFA to an EFA-enabled file
+  system is supported on Nitro v4 or later instance types that support EFA (not trn2); its interface table
+  lists p5, p5e, p5en and p6-b200. p4d and p4de are Nitro v3 (EC2 instance types guide, "Nitro System").
 """
 
 from __future__ import annotations
@@ -37,9 +44,11 @@ class InstanceType:
     efa_interfaces: int  # EFA devices that `fi_info -p efa` lists on a correctly wired instance
     nvme_devices: int  # instance-store NVMe SSDs
     nvme_device_gb: int  # size of each instance-store device, GB
+    nvswitch: bool  # GPUs joined by NVSwitches (HGX baseboards): CUDA needs NVIDIA Fabric Manager running
     peak_bf16_tflops_per_gpu: float  # dense BF16 tensor-core peak, TFLOP/s
     peak_fp8_tflops_per_gpu: float | None  # dense FP8 peak, None where the GPU has no FP8 tensor cores
     on_demand_usd_per_hour: float  # us-east-1 Linux on-demand price per instance
+    fsx_efa_client: bool  # FSx for Lustre supports it as an EFA client (Nitro v4+ with EFA)
 
     @property
     def supports_fp8(self) -> bool:
@@ -66,9 +75,11 @@ _CATALOG: tuple[InstanceType, ...] = (
         efa_interfaces=4,
         nvme_devices=8,
         nvme_device_gb=1000,
+        nvswitch=True,
         peak_bf16_tflops_per_gpu=312.0,
         peak_fp8_tflops_per_gpu=None,
         on_demand_usd_per_hour=21.96,
+        fsx_efa_client=False,
     ),
     InstanceType(
         name="p4de.24xlarge",
@@ -81,9 +92,11 @@ _CATALOG: tuple[InstanceType, ...] = (
         efa_interfaces=4,
         nvme_devices=8,
         nvme_device_gb=1000,
+        nvswitch=True,
         peak_bf16_tflops_per_gpu=312.0,
         peak_fp8_tflops_per_gpu=None,
         on_demand_usd_per_hour=27.45,
+        fsx_efa_client=False,
     ),
     InstanceType(
         name="p5.48xlarge",
@@ -96,9 +109,11 @@ _CATALOG: tuple[InstanceType, ...] = (
         efa_interfaces=32,
         nvme_devices=8,
         nvme_device_gb=3840,
+        nvswitch=True,
         peak_bf16_tflops_per_gpu=989.0,
         peak_fp8_tflops_per_gpu=1979.0,
         on_demand_usd_per_hour=55.04,
+        fsx_efa_client=True,
     ),
     InstanceType(
         name="p5e.48xlarge",
@@ -111,9 +126,11 @@ _CATALOG: tuple[InstanceType, ...] = (
         efa_interfaces=32,
         nvme_devices=8,
         nvme_device_gb=3840,
+        nvswitch=True,
         peak_bf16_tflops_per_gpu=989.0,
         peak_fp8_tflops_per_gpu=1979.0,
         on_demand_usd_per_hour=62.12,
+        fsx_efa_client=True,
     ),
     InstanceType(
         name="p5en.48xlarge",
@@ -126,9 +143,11 @@ _CATALOG: tuple[InstanceType, ...] = (
         efa_interfaces=16,
         nvme_devices=8,
         nvme_device_gb=3840,
+        nvswitch=True,
         peak_bf16_tflops_per_gpu=989.0,
         peak_fp8_tflops_per_gpu=1979.0,
         on_demand_usd_per_hour=63.30,
+        fsx_efa_client=True,
     ),
     InstanceType(
         name="p6-b200.48xlarge",
@@ -141,9 +160,11 @@ _CATALOG: tuple[InstanceType, ...] = (
         efa_interfaces=8,
         nvme_devices=8,
         nvme_device_gb=3840,
+        nvswitch=True,
         peak_bf16_tflops_per_gpu=2250.0,
         peak_fp8_tflops_per_gpu=4500.0,
         on_demand_usd_per_hour=113.93,
+        fsx_efa_client=True,
     ),
 )
 
@@ -166,11 +187,20 @@ def get_instance_type(name: str) -> InstanceType:
         raise UnknownInstanceType(f"unknown instance type {name!r}; allowed: {allowed}") from None
 
 
+# CUDA device names of PCIe and NVL boards carry these words ("NVIDIA H100 PCIe", "NVIDIA H100 NVL"). No
+# instance type here has such a board, and their peaks are lower than the SXM parts': a name with one of
+# them matches no entry.
+NON_SXM_BOARD_MARKERS = ("PCIE", "NVL")
+
+
 def find_by_gpu_name(device_name: str) -> InstanceType | None:
     """The first catalog entry whose GPU model appears in a CUDA device name, e.g.
-    "NVIDIA H100 80GB HBM3" -> p5.48xlarge. Used by training to find its MFU peak when it is not told the
+    "NVIDIA H100 80GB HBM3" -> p5.48xlarge; None for a PCIe or NVL board of that model ("NVIDIA H100 PCIe"),
+    which no catalog instance carries. Used by training to find its MFU peak when it is not told the
     instance type."""
     upper = device_name.upper()
+    if any(marker in upper for marker in NON_SXM_BOARD_MARKERS):
+        return None
     for entry in _CATALOG:
         if entry.gpu_model in upper:
             return entry

@@ -1,14 +1,19 @@
 """JobRunner: the SSM Command document that starts, inspects and cancels training jobs on the nodes, and the
 managed policy an operator needs to drive the cluster with clusterctl.
 
-The document only calls the node_bootstrap.jobs package (docs/architecture.md section 5); every parameter has an
-allowedPattern or allowedValues, so SSM rejects shell metacharacters before the script, which substitutes the
-values into a bash command line, ever runs. The patterns are node_bootstrap.jobs' own validation expressions: one
-definition for the document and the node.
+The document only calls the node_bootstrap.jobs package (docs/architecture.md section 5). Its parameters reach
+the script as environment variables, never as script text: every parameter has `"interpolationType":
+"ENV_VAR"`, so the SSM agent sets SSM_<name> to the value and the script passes "$SSM_<name>" to the node
+launcher as one quoted word (SSM documents, "Data elements and parameters": "When set to ENV_VAR, the system
+creates an environment variable named SSM_parameter-name containing the parameter value"; SSM Agent >=
+3.3.2746.0). Every parameter also keeps an allowedPattern or allowedValues, so SSM rejects a bad value before
+anything runs; the patterns are node_bootstrap.jobs' own validation expressions, one definition for the
+document and the node.
 """
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from aws_cdk import Stack
@@ -20,9 +25,11 @@ from constructs import Construct
 from node_bootstrap import jobs as node_jobs
 
 DEFAULT_BUNDLE_DIR = "/opt/cluster/bundle"
-# aws:runShellScript's own limit for one invocation; `cancel` waits up to cancelTimeoutSeconds and then
-# up to the unit's TimeoutStopSec, so leave room for both.
-COMMAND_TIMEOUT_SECONDS = 900
+# aws:runShellScript's own limit for one invocation: node_bootstrap.jobs derives the longest `cancel` wait
+# from it (MAX_CANCEL_TIMEOUT_SECONDS), so a cancel is never cut off by the step.
+COMMAND_TIMEOUT_SECONDS = node_jobs.COMMAND_TIMEOUT_SECONDS
+ENV_PREFIX = "SSM_"  # the agent's variable for parameter P is SSM_P
+MIN_AGENT_VERSION = "3.3.2746.0"  # the first SSM agent that sets SSM_<name> for ENV_VAR parameters
 
 
 def _whole(pattern: str) -> str:
@@ -34,6 +41,24 @@ def _whole(pattern: str) -> str:
 def _optional(pattern: str) -> str:
     """The same expression, also matching the empty default of an action that does not use it."""
     return "^(" + _whole(pattern)[1:-1] + ")?$"
+
+
+def integer_pattern(maximum: int) -> str:
+    """An anchored expression for the decimal integers 0..maximum (no sign, no leading zeros)."""
+    digits = str(maximum)
+    if len(digits) == 1:
+        return f"^[0-{digits}]$"
+    shorter = ["[0-9]"] + [f"[1-9][0-9]{{{n - 1}}}" for n in range(2, len(digits))]
+    same_length = []
+    for i, digit in enumerate(digits):
+        low = 1 if i == 0 else 0
+        if int(digit) > low:
+            rest = len(digits) - i - 1
+            upper = int(digit) - 1
+            digit_class = f"[{low}-{upper}]" if upper > low else str(low)
+            same_length.append(digits[:i] + digit_class + (f"[0-9]{{{rest}}}" if rest else ""))
+    same_length.append(digits)
+    return "^(" + "|".join(shorter + same_length) + ")$"
 
 
 _OVERRIDE = node_jobs.OVERRIDE_RE.pattern[1:-1]
@@ -95,33 +120,65 @@ PARAMETERS: dict[str, dict[str, Any]] = {
         "default": "",
         "allowedPattern": f"^({_OVERRIDE}( {_OVERRIDE})*)?$",
     },
+    "resumeFrom": {
+        "type": "String",
+        "description": "start, training: another job's id; the job starts from the newest complete checkpoint "
+        "in that job's directory when its own has none (it saves only to its own). Empty: only its own.",
+        "default": "",
+        "allowedPattern": _optional(node_jobs.JOB_ID_RE.pattern),
+    },
     "cancelTimeoutSeconds": {
         "type": "String",
-        "description": "cancel: seconds between SIGTERM and SIGKILL.",
+        "description": f"cancel: seconds between SIGTERM and SIGKILL, 0-{node_jobs.MAX_CANCEL_TIMEOUT_SECONDS}.",
         "default": str(node_jobs.STOP_GRACE_SECONDS),
-        "allowedPattern": "^[0-9]{1,3}$",
+        "allowedPattern": integer_pattern(node_jobs.MAX_CANCEL_TIMEOUT_SECONDS),
     },
+}
+for _spec in PARAMETERS.values():
+    _spec["interpolationType"] = "ENV_VAR"  # values reach the script as SSM_<name>, never as its text
+
+# The node launcher's options, in order, for each action: (option, parameter).
+ACTION_OPTIONS: dict[str, tuple[tuple[str, str], ...]] = {
+    "start": (
+        ("--job-id", "jobId"),
+        ("--module", "module"),
+        ("--config", "config"),
+        ("--nodes", "nodes"),
+        ("--gpus-per-node", "gpusPerNode"),
+        ("--rendezvous-host", "rendezvousHost"),
+        ("--max-restarts", "maxRestarts"),
+        ("--overrides", "overrides"),
+        ("--resume-from", "resumeFrom"),
+    ),
+    "status": (("--job-id", "jobId"),),
+    "cancel": (("--job-id", "jobId"), ("--timeout-seconds", "cancelTimeoutSeconds")),
 }
 
 
 def build_job_script(bundle_dir: str) -> list[str]:
-    """The runShellScript lines. Each value is double-quoted and pattern-checked, so it is one word."""
+    """The runShellScript lines. Parameters are read from SSM_<name> and passed as quoted words: whatever a
+    value holds, bash never parses it."""
     jobs_cli = "python3 -m node_bootstrap.jobs"
-    return [
+    no_env = (
+        f"this node's SSM agent did not pass the document's parameters as environment variables "
+        f"(interpolationType ENV_VAR needs SSM Agent >= {MIN_AGENT_VERSION}): update amazon-ssm-agent"
+    )
+    lines = [
         "#!/bin/bash",
         "set -euo pipefail",
-        f"export PYTHONPATH={bundle_dir}",
-        'case "{{ action }}" in',
-        f'  start) exec {jobs_cli} start --job-id "{{{{ jobId }}}}" --module "{{{{ module }}}}"'
-        ' --config "{{ config }}"'
-        ' --nodes "{{ nodes }}" --gpus-per-node "{{ gpusPerNode }}"'
-        ' --rendezvous-host "{{ rendezvousHost }}" --max-restarts "{{ maxRestarts }}"'
-        ' --overrides "{{ overrides }}" ;;',
-        f'  status) exec {jobs_cli} status --job-id "{{{{ jobId }}}}" ;;',
-        f'  cancel) exec {jobs_cli} cancel --job-id "{{{{ jobId }}}}"'
-        ' --timeout-seconds "{{ cancelTimeoutSeconds }}" ;;',
-        "esac",
+        f'if [ -z "${{{ENV_PREFIX}action+x}}" ]; then',
+        "  printf '%s\\n' " + shlex.quote('{"error": "' + no_env + '"}'),
+        f"  echo {shlex.quote('error: ' + no_env)} >&2",
+        f"  exit {node_jobs.EXIT_USAGE}",
+        "fi",
+        f"export PYTHONPATH={shlex.quote(bundle_dir)}",
+        f'case "${ENV_PREFIX}action" in',
     ]
+    for action, options in ACTION_OPTIONS.items():
+        words = " ".join(f'{option} "${ENV_PREFIX}{parameter}"' for option, parameter in options)
+        lines.append(f"  {action}) exec {jobs_cli} {action} {words} ;;")
+    lines.append("esac")
+    return lines
 
 
 def build_document_content(bundle_dir: str) -> dict[str, Any]:

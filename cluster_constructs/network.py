@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aws_cdk import RemovalPolicy
+from aws_cdk import CfnResource, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_logs as logs
 from constructs import Construct
@@ -133,6 +133,42 @@ class ClusterNetwork(Construct):
         servers.add_egress_rule(nodes, ec2.Port.all_traffic(), "EFA to nodes")
         servers.add_ingress_rule(servers, ec2.Port.all_traffic(), "EFA between file servers")
         servers.add_egress_rule(servers, ec2.Port.all_traffic(), "EFA between file servers")
+
+    def retain_for_file_system(self) -> None:
+        """Keep, on stack deletion, what a retained FSx file system still uses: the VPC, the node subnet, the file
+        system's security group and its rules between file servers.
+
+        CloudFormation cannot delete a security group or subnet that a network interface still uses, nor a VPC
+        that still holds a subnet: with the file system retained (its ENIs stay), `cdk destroy` would end in
+        DELETE_FAILED on exactly these. Retained, the rest of the stack deletes cleanly (NAT gateway, endpoints,
+        routes, the nodes' groups, whose rules to and from the file system's group are separate resources), and
+        the retained file system keeps working until its data is safe. The runbook deletes them after it.
+        """
+        retained: list[CfnResource] = [
+            self.vpc.node.default_child,
+            *(subnet.node.default_child for subnet in self.node_subnets.subnets),
+            self.file_system_security_group.node.default_child,
+            *self._self_rules(self.file_system_security_group),
+        ]
+        for resource in retained:
+            resource.apply_removal_policy(RemovalPolicy.RETAIN)
+
+    @staticmethod
+    def _self_rules(group: ec2.SecurityGroup) -> list[CfnResource]:
+        """The group's rules whose peer is the group itself (file server to file server)."""
+        stack = Stack.of(group)
+        own_id = stack.resolve(group.security_group_id)
+        rules = []
+        for child in group.node.children:
+            if isinstance(child, ec2.CfnSecurityGroupIngress):
+                peer = child.source_security_group_id
+            elif isinstance(child, ec2.CfnSecurityGroupEgress):
+                peer = child.destination_security_group_id
+            else:
+                continue
+            if peer is not None and stack.resolve(peer) == own_id:
+                rules.append(child)
+        return rules
 
     def _add_endpoints(self) -> None:
         self.vpc.add_gateway_endpoint(

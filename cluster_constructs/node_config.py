@@ -11,9 +11,11 @@ from typing import Any
 
 from cluster_constructs.cloudwatch_agent import EFA_METRICS_DIR, render_agent_config
 from cluster_constructs.cluster_metrics import TRAINING_NAMESPACE
-from stacks.settings import ComputeSettings, ObservabilitySettings, StorageSettings
+from stacks.settings import BootstrapSettings, ComputeSettings, ObservabilitySettings, StorageSettings
 
-SCHEMA_VERSION = 2  # 2: "metrics" and "cloudwatchAgent" (node metrics through the CloudWatch agent)
+# 2: expected.nvswitch and the bootstrap section (deadline, protected mode)
+# 3: "metrics" and "cloudwatchAgent" (node metrics through the CloudWatch agent)
+SCHEMA_VERSION = 3
 BUNDLE_DIR = "/opt/cluster/bundle"
 NODE_CONFIG_PATH = "/etc/cluster/node-config.json"
 DLAMI_SCRATCH = (
@@ -32,10 +34,11 @@ def render_node_config(
     compute: ComputeSettings,
     storage: StorageSettings,
     observability: ObservabilitySettings,
-    auto_scaling_group_name: str,
     file_system_dns_name: str,
     file_system_mount_name: str,
     log_group_name: str,
+    bootstrap: BootstrapSettings,
+    auto_scaling_group_name: str,
 ) -> dict[str, Any]:
     """The node config as a JSON-ready dict (values may be CDK tokens)."""
     instance = compute.instance_type
@@ -54,6 +57,7 @@ def render_node_config(
             "gpuMemoryGiB": instance.gpu_memory_gib,
             "efaInterfaceCount": instance.efa_interfaces,
             "nvmeDeviceCount": instance.nvme_devices,
+            "nvswitch": instance.nvswitch,
         },
         "scratch": {"mountPoint": compute.scratch_mount_point, "dlamiMountPoint": DLAMI_SCRATCH},
         "lustre": {
@@ -66,7 +70,6 @@ def render_node_config(
         "metrics": {
             "intervalSeconds": interval_s,
             "namespace": TRAINING_NAMESPACE,
-            "autoScalingGroupName": auto_scaling_group_name,
             "efaMetricsDir": EFA_METRICS_DIR,
         },
         "cloudwatchAgent": render_agent_config(
@@ -81,5 +84,11 @@ def render_node_config(
             "checkpointRoot": f"{fsx}/checkpoints",
             "dataRoot": f"{fsx}/data",
             "rendezvousPort": RENDEZVOUS_PORT,
+        },
+        "bootstrap": {
+            "deadlineSeconds": bootstrap.timeout_seconds,
+            "autoScalingGroupName": auto_scaling_group_name,
+            "protectedModeFailures": bootstrap.protected_mode_failures,
+            "protectedModeWindowSeconds": bootstrap.protected_mode_window_minutes * 60,
         },
     }

@@ -1,7 +1,8 @@
 """ClusterObservability: the log group for bootstrap and job logs, the alarm topic, and the alarms.
 
-A missing node and a full file system silently idle a paid cluster: both alarm. So do idle GPUs while nodes
-are in service (the most expensive failure there is), stragglers, EFA errors that keep rising, and an estimated
+A missing node and a full file system silently idle a paid cluster: both alarm. So does protected mode: nodes
+that keep failing their bootstrap stop being replaced, and someone must look. So do idle GPUs while nodes are
+in service (the most expensive failure there is), stragglers, EFA errors that keep rising, and an estimated
 cost above the budget; each of those is a setting that can be turned off (stacks/settings.py,
 ObservabilitySettings). The metrics they read are named in cluster_constructs/cluster_metrics.py; what each
 alarm means and what to do about it is in docs/troubleshooting.md.
@@ -47,6 +48,9 @@ STRAGGLER_PERIODS = 3  # 15 minutes
 EFA_ERROR_PERIODS = 3  # 15 minutes
 # The longest window a CloudWatch alarm can look back: Period x EvaluationPeriods <= 604,800 s (PutMetricAlarm).
 BUDGET_WINDOW = Duration.days(7)
+# Published by the nodes (node_bootstrap/protection.py) in the namespace their role may write.
+PROTECTED_MODE_NAMESPACE = "TrainingCluster"
+PROTECTED_MODE_METRIC = "BootstrapProtectedMode"
 
 _RETENTION = {
     1: "ONE_DAY",
@@ -155,6 +159,33 @@ class ClusterObservability(Construct):
             alarm_description="Fewer training nodes in service than desired for 15 minutes",
         )
         return self._notify(alarm)
+
+    def add_protected_mode_alarm(self, *, auto_scaling_group_name: str) -> cloudwatch.Alarm:
+        """Alarm when nodes put the group into protected mode (node_bootstrap/protection.py publishes 1 then, and 0
+        after each successful bootstrap). Missing data keeps the state: the group stays suspended until an
+        operator resumes it, and the next node that boots cleanly turns the alarm OK."""
+        protected = cloudwatch.Metric(
+            namespace=PROTECTED_MODE_NAMESPACE,
+            metric_name=PROTECTED_MODE_METRIC,
+            statistic="Maximum",
+            period=Duration.minutes(1),
+            dimensions_map={"AutoScalingGroupName": auto_scaling_group_name},
+        )
+        alarm = protected.create_alarm(
+            self,
+            "ProtectedModeAlarm",
+            threshold=1,
+            evaluation_periods=1,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            treat_missing_data=cloudwatch.TreatMissingData.IGNORE,
+            alarm_description=(
+                "Protected mode: node bootstraps keep failing for the same reason, so the group no longer replaces "
+                f"unhealthy nodes. The reason is the group tag cluster:protected of {auto_scaling_group_name}; "
+                "fix it, then resume as docs/operations.md 'Protected mode' says."
+            ),
+        )
+        alarm.add_alarm_action(cw_actions.SnsAction(self.alarm_topic))
+        return alarm
 
     def add_file_system_alarm(self, *, file_system_id: str, storage_capacity_gib: int) -> cloudwatch.Alarm:
         """Alarm when FSx for Lustre has less than 10% free: checkpoints fail to save on a full file system."""

@@ -1,8 +1,15 @@
 """ClusterStorage: the data and checkpoint buckets, and FSx for Lustre linked to them.
 
 FSx for Lustre PERSISTENT_2 is the nodes' shared file system; two data repository associations link it to S3:
-/data imports the data bucket (new, changed and deleted objects appear in Lustre), /checkpoints exports the
-checkpoint files to the checkpoint bucket (and back), so a checkpoint written on FSx survives the file system.
+
+- /data imports the data bucket and exports nothing: new, changed and deleted objects appear in Lustre, but a
+  file written or deleted under /fsx/data stays on the file system. Training data is published to S3 (`aws s3
+  sync`), so a mistake on one node (an `rm -rf`) can never delete the corpus from the bucket.
+- /checkpoints imports and exports, so a checkpoint written on FSx survives the file system.
+
+Both buckets are versioned: an overwritten or deleted object stays recoverable for the retention period.
+The nodes get no S3 permission on either bucket: they reach data and checkpoints through Lustre, and the
+export is the file system's own doing (its service-linked role).
 """
 
 from __future__ import annotations
@@ -40,12 +47,25 @@ class ClusterStorage(Construct):
             enforce_ssl=True,
             block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
             object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
-            lifecycle_rules=[s3.LifecycleRule(id="ExpireAccessLogs", expiration=Duration.days(365))],
+            versioned=True,  # a deleted log object stays recoverable for a while: the logs are the audit trail
+            lifecycle_rules=[
+                s3.LifecycleRule(
+                    id="ExpireAccessLogs",
+                    expiration=Duration.days(365),
+                    noncurrent_version_expiration=Duration.days(30),
+                )
+            ],
             removal_policy=RemovalPolicy.RETAIN,
         )
-        self.data_bucket = self._bucket("DataBucket", settings.data_bucket_name, versioned=False)
+        self.data_bucket = self._bucket(
+            "DataBucket",
+            settings.data_bucket_name,
+            noncurrent_version_days=settings.data_version_retention_days,
+        )
         self.checkpoint_bucket = self._bucket(
-            "CheckpointBucket", settings.checkpoint_bucket_name, versioned=True
+            "CheckpointBucket",
+            settings.checkpoint_bucket_name,
+            noncurrent_version_days=settings.checkpoint_version_retention_days,
         )
 
         self.file_system = fsx.CfnFileSystem(
@@ -72,36 +92,22 @@ class ClusterStorage(Construct):
         # snapshot-on-delete for FSx: the file system is retained, and the runbook says how to delete it.
         self.file_system.apply_removal_policy(RemovalPolicy.RETAIN)
 
-        self.data_association = self._association("DataAssociation", self.data_bucket, DATA_PATH)
+        self.data_association = self._association(
+            "DataAssociation", self.data_bucket, DATA_PATH, export=False
+        )
         self.checkpoint_association = self._association(
-            "CheckpointAssociation", self.checkpoint_bucket, CHECKPOINT_PATH
+            "CheckpointAssociation", self.checkpoint_bucket, CHECKPOINT_PATH, export=True
         )
         # One association at a time: a file system works through its associations' creation one by one, and
         # ordering them keeps CloudFormation from racing two creations (not verified that a race fails; the
         # order costs a few minutes once, a failed create would cost a rollback).
-        self.checkpoint_association.add_dependency(self.data_association)
+        self.checkpoint_association.node.add_dependency(self.data_association)
 
-    def _bucket(self, construct_id: str, existing_name: str | None, *, versioned: bool) -> s3.IBucket:
+    def _bucket(self, construct_id: str, existing_name: str | None, *, noncurrent_version_days: int) -> s3.IBucket:
         if existing_name:
+            # The user's own bucket: this stack cannot version it (the README says to); the nodes get no S3
+            # grant on it either way.
             return s3.Bucket.from_bucket_name(self, construct_id, existing_name)
-        lifecycle = []
-        if versioned:
-            # Checkpoints are rewritten under the same keys by keep-last-k; old versions are a safety net only.
-            lifecycle.append(
-                s3.LifecycleRule(
-                    id="ExpireOldCheckpointVersions",
-                    noncurrent_version_expiration=Duration.days(
-                        self.settings.checkpoint_version_retention_days
-                    ),
-                    abort_incomplete_multipart_upload_after=Duration.days(7),
-                )
-            )
-        else:
-            lifecycle.append(
-                s3.LifecycleRule(
-                    id="AbortIncompleteUploads", abort_incomplete_multipart_upload_after=Duration.days(7)
-                )
-            )
         return s3.Bucket(
             self,
             construct_id,
@@ -109,16 +115,25 @@ class ClusterStorage(Construct):
             enforce_ssl=True,
             block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
             object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
-            versioned=versioned,
-            lifecycle_rules=lifecycle,
+            # Checkpoints are rewritten under the same keys by keep-last-k, and data is re-synced; an overwritten
+            # or deleted object is kept as a noncurrent version for a while, a safety net only.
+            versioned=True,
+            lifecycle_rules=[
+                s3.LifecycleRule(
+                    id="ExpireNoncurrentVersions",
+                    noncurrent_version_expiration=Duration.days(noncurrent_version_days),
+                    abort_incomplete_multipart_upload_after=Duration.days(7),
+                )
+            ],
             server_access_logs_bucket=self.access_log_bucket,
             server_access_logs_prefix=f"{construct_id}/",
             removal_policy=RemovalPolicy.RETAIN,  # training data and checkpoints outlive the cluster
         )
 
     def _association(
-        self, construct_id: str, bucket: s3.IBucket, path: str
+        self, construct_id: str, bucket: s3.IBucket, path: str, *, export: bool
     ) -> fsx.CfnDataRepositoryAssociation:
+        """Link `path` to `bucket`: auto-import always; auto-export only where the file system is the writer."""
         return fsx.CfnDataRepositoryAssociation(
             self,
             construct_id,
@@ -132,7 +147,9 @@ class ClusterStorage(Construct):
                 ),
                 auto_export_policy=fsx.CfnDataRepositoryAssociation.AutoExportPolicyProperty(
                     events=AUTO_SYNC_EVENTS
-                ),
+                )
+                if export
+                else None,
             ),
         )
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import html
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import boto3
 import botocore.exceptions
+import botocore.parsers
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # the operation was refused or failed (nodes not ready, a job failed to start, ...)
@@ -38,6 +41,30 @@ CREDENTIAL_CODES = {
     "AuthFailure",
     "InvalidAccessKeyId",
 }
+
+
+MESSAGE_LIMIT = 400  # characters of an error message: one line on a terminal, the start of anything longer
+_HTML_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
+_HTML_TAG = re.compile(r"<[^>]*>")
+
+
+def one_line(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    """`text` as one line: whitespace runs (newlines included) become one space, cut at `limit`."""
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 3].rstrip() + "..."
+
+
+def looks_like_html(text: str) -> bool:
+    """A proxy's or load balancer's error page rather than a message (AWS's XML errors start with <?xml or
+    <ErrorResponse and are parsed by botocore, so they never get here)."""
+    head = text.lstrip()[:300].lower()
+    return head.startswith(("<!doctype html", "<html")) or "<body" in head or "<title" in head
+
+
+def describe_html(text: str) -> str:
+    """What an HTML error page says, in a few words: its <title>, else its text without tags."""
+    title = _HTML_TITLE.search(text)
+    return one_line(html.unescape(_HTML_TAG.sub(" ", title.group(1) if title else text)), 120)
 
 
 class ClusterctlError(Exception):
@@ -105,10 +132,28 @@ def describe_aws_error(error: Exception, region: str | None) -> ClusterctlError 
             "exists, and is the network up?",
             EXIT_ENDPOINT,
         )
+    if isinstance(error, botocore.parsers.ResponseParserError):
+        # botocore's message ends with the whole body it could not parse (an HTML page, over many lines).
+        body = str(error).partition("\n")[2]
+        what = f"an HTML page ({describe_html(body)})" if looks_like_html(body) else "something that is not XML"
+        return ClusterctlError(
+            f"the AWS endpoint answered with {what}, not an AWS response: is a proxy or firewall between "
+            "you and AWS?",
+            EXIT_ENDPOINT,
+        )
     if isinstance(error, botocore.exceptions.ClientError):
         code = error.response.get("Error", {}).get("Code", "")
         message = error.response.get("Error", {}).get("Message", "")
         operation = error.operation_name
+        status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if looks_like_html(message):
+            # Not an AWS answer: botocore puts a body it cannot parse (a proxy's or firewall's error page)
+            # into Message, newlines and all.
+            return ClusterctlError(
+                f"{operation} failed: HTTP {status or code}: the endpoint answered with an HTML page "
+                f"({describe_html(message)}), not an AWS error: is a proxy or firewall between you and AWS?",
+                EXIT_ENDPOINT,
+            )
         if code in ACCESS_DENIED_CODES:
             return ClusterctlError(
                 f"access denied: {operation}: {message or code} (attach the stack's operator policy, the "
@@ -117,5 +162,12 @@ def describe_aws_error(error: Exception, region: str | None) -> ClusterctlError 
             )
         if code in CREDENTIAL_CODES:
             return ClusterctlError(f"AWS credentials rejected: {code}: {message}", EXIT_CREDENTIALS)
-        return ClusterctlError(f"{operation} failed: {code}: {message}", EXIT_FAILED)
+        if code in ("", "Unknown") and message in ("", "Unknown"):
+            # botocore found no AWS error in the body (a query-protocol service answered with HTML)
+            return ClusterctlError(
+                f"{operation} failed: HTTP {status} with no AWS error in the answer: is a proxy or firewall "
+                "between you and AWS?",
+                EXIT_ENDPOINT,
+            )
+        return ClusterctlError(one_line(f"{operation} failed: {code}: {message}"), EXIT_FAILED)
     return None

@@ -23,9 +23,10 @@ from clusterctl.aws import (
     AwsContext,
     build_context,
     describe_aws_error,
+    one_line,
 )
 from clusterctl.stack import DEFAULT_STACK_NAME
-from node_bootstrap.jobs import STOP_GRACE_SECONDS
+from node_bootstrap.jobs import MAX_CANCEL_TIMEOUT_SECONDS, STOP_GRACE_SECONDS
 
 
 @dataclass
@@ -62,6 +63,16 @@ def _positive_float(text: str) -> float:
         value = math.nan
     if not 0 < value < math.inf:
         raise argparse.ArgumentTypeError(f"{text!r}: allowed: a number > 0")
+    return value
+
+
+def _non_negative_hours(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < math.inf:  # false for nan: float() accepts "nan" and "inf"
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed: a number of hours >= 0")
     return value
 
 
@@ -187,6 +198,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=3,
         help="torchrun --max-restarts: whole-job restarts after a failure (default 3)",
     )
+    submit.add_argument(
+        "--resume-from",
+        metavar="JOB",
+        default="",
+        help="start from the newest complete checkpoint of an earlier job (its /fsx/checkpoints/JOB); the new "
+        "job saves only to its own directory. Without it a job starts fresh (each job has its own directory).",
+    )
     submit.set_defaults(handler=commands.submit)
 
     commcheck = add(
@@ -253,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout-seconds",
         type=int,
         default=STOP_GRACE_SECONDS,
-        help="seconds between SIGTERM and SIGKILL (default %(default)s)",
+        help=f"seconds between SIGTERM and SIGKILL, 0-{MAX_CANCEL_TIMEOUT_SECONDS} (default %(default)s)",
     )
     cancel.set_defaults(handler=commands.cancel)
 
@@ -264,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cost.add_argument("--instance-type", type=_instance_type, default="p5.48xlarge")
     cost.add_argument("--nodes", type=_positive_int)
-    cost.add_argument("--hours", type=float)
+    cost.add_argument("--hours", type=_non_negative_hours, help="hours of the plan (a number >= 0)")
     cost.add_argument(
         "--job", metavar="JOB", help="a submitted job: its nodes times the time since it started"
     )
@@ -300,7 +318,7 @@ def main(argv: Sequence[str] | None = None, runtime: Runtime | None = None) -> i
             )
         if args.debug:
             traceback.print_exc(file=runtime.err)
-        print(f"clusterctl: error: {message}", file=runtime.err)
+        print(f"clusterctl: error: {one_line(message)}", file=runtime.err)  # one line, whatever it says
         return code
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from cluster_constructs.instance_types import get_instance_type
@@ -192,7 +193,8 @@ def nodes(args: argparse.Namespace, runtime: Runtime) -> int:
 
 
 def submit(args: argparse.Namespace, runtime: Runtime) -> int:
-    return _submit(args, runtime, node_jobs.TRAINING_MODULE, args.config, tuple(args.overrides))
+    return _submit(args, runtime, node_jobs.TRAINING_MODULE, args.config, tuple(args.overrides),
+                   args.resume_from)
 
 
 def commcheck(args: argparse.Namespace, runtime: Runtime) -> int:
@@ -210,7 +212,12 @@ def commcheck(args: argparse.Namespace, runtime: Runtime) -> int:
 
 
 def _submit(
-    args: argparse.Namespace, runtime: Runtime, module: str, config: str, overrides: tuple[str, ...]
+    args: argparse.Namespace,
+    runtime: Runtime,
+    module: str,
+    config: str,
+    overrides: tuple[str, ...],
+    resume_from: str = "",
 ) -> int:
     """Readiness, the first N ready nodes by private IP, the rendezvous on the first, one SendCommand per
     50 nodes: the same for a training job and a commcheck."""
@@ -224,6 +231,7 @@ def _submit(
         max_restarts=args.max_restarts,
         overrides=overrides,
         module=module,
+        resume_from=resume_from,
     )
     request.validate()  # before any node is looked at
     found = list_nodes(
@@ -285,14 +293,23 @@ def _submit(
     return EXIT_OK
 
 
-def _job_nodes(args: argparse.Namespace, runtime: Runtime) -> tuple[stack.StackOutputs, list[str]]:
+@dataclass(frozen=True)
+class JobNodes:
+    """The nodes to ask about a job: its start command's, or (history expired) every in-service node."""
+
+    outputs: stack.StackOutputs
+    instance_ids: list[str]
+    from_history: bool  # False: the job is not in SSM's command history, these are the in-service nodes
+
+
+def _job_nodes(args: argparse.Namespace, runtime: Runtime) -> JobNodes:
     assert runtime.context is not None
     jobs.validate_job_id(args.job_id)
     outputs = _outputs(args, runtime)
     ssm = runtime.context.client("ssm")
     record = jobs.find_job(ssm, outputs.job_document_name, args.job_id)
     if record is not None:
-        return outputs, record.instance_ids
+        return JobNodes(outputs, record.instance_ids, from_history=True)
     # SSM keeps 30 days of command history: ask every in-service node instead.
     found = list_nodes(
         runtime.context.client("autoscaling"), runtime.context.client("ec2"), outputs.auto_scaling_group_name
@@ -302,7 +319,42 @@ def _job_nodes(args: argparse.Namespace, runtime: Runtime) -> tuple[stack.StackO
         raise ClusterctlError(
             f"job {args.job_id}: not in SSM's command history, and no node in service to ask"
         )
-    return outputs, in_service
+    return JobNodes(outputs, in_service, from_history=False)
+
+
+def _query(args: argparse.Namespace, runtime: Runtime, action: str) -> list[jobs.NodeJobState]:
+    """Runs `action` on the job's nodes that still exist; a job no node has is an error of one line."""
+    assert runtime.context is not None
+    found = _job_nodes(args, runtime)
+    states = jobs.query_job(
+        runtime.context.client("ssm"),
+        runtime.context.client("ec2"),
+        found.outputs.job_document_name,
+        args.job_id,
+        found.instance_ids,
+        action,
+        getattr(args, "timeout_seconds", node_jobs.STOP_GRACE_SECONDS),
+        runtime.sleep,
+        runtime.clock,
+    )
+    if any(s.state not in ("not-found", jobs.GONE) for s in states):
+        return states
+    gone = sum(s.state == jobs.GONE for s in states)
+    if gone == len(states):
+        if action == "cancel":
+            return states  # nothing is left to stop: the table says so
+        raise ClusterctlError(
+            f"job {args.job_id}: all {gone} of its nodes are gone (replaced), so no node can report its "
+            f"state; its log stays in CloudWatch Logs: clusterctl logs {args.job_id}"
+        )
+    asked = len(states) - gone
+    if found.from_history:
+        replaced = f", {gone} gone (replaced)" if gone else ""
+        raise ClusterctlError(f"job {args.job_id}: none of its nodes has it ({asked} asked{replaced})")
+    raise ClusterctlError(
+        f"job {args.job_id}: unknown: not in SSM's command history (kept 30 days), and none of the {asked} "
+        "in-service nodes has it"
+    )
 
 
 def _print_states(args: argparse.Namespace, runtime: Runtime, states: list[jobs.NodeJobState]) -> None:
@@ -338,7 +390,12 @@ def _print_states(args: argparse.Namespace, runtime: Runtime, states: list[jobs.
             ("INSTANCE", "STATE", "EXIT", "STEP", "LOSS", "NETWORK", "STARTED", "ENDED", "DETAIL"), rows
         ),
     )
-    _print(runtime, f"job {args.job_id}: {overall} ({len(states)} nodes)")
+    _print(runtime, f"job {args.job_id}: {overall} ({_count_nodes(states)})")
+
+
+def _count_nodes(states: list[jobs.NodeJobState]) -> str:
+    gone = sum(s.state == jobs.GONE for s in states)
+    return f"{len(states)} nodes" + (f", {gone} gone (replaced)" if gone else "")
 
 
 def _format_mib(size_bytes: int | None) -> str | None:
@@ -376,25 +433,15 @@ def _print_commcheck_states(
     if reported is not None:
         _print(
             runtime,
-            f"job {args.job_id}: {overall} ({len(states)} nodes); all_reduce busbw "
+            f"job {args.job_id}: {overall} ({_count_nodes(states)}); all_reduce busbw "
             f"{reported.busbw_gbps:.1f} GB/s at {_format_mib(reported.busbw_size_bytes)}",
         )
     else:
-        _print(runtime, f"job {args.job_id}: {overall} ({len(states)} nodes); no busbw logged yet")
+        _print(runtime, f"job {args.job_id}: {overall} ({_count_nodes(states)}); no busbw logged yet")
 
 
 def status(args: argparse.Namespace, runtime: Runtime) -> int:
-    assert runtime.context is not None
-    outputs, instance_ids = _job_nodes(args, runtime)
-    states = jobs.query_job(
-        runtime.context.client("ssm"),
-        outputs.job_document_name,
-        args.job_id,
-        instance_ids,
-        "status",
-        sleep=runtime.sleep,
-        clock=runtime.clock,
-    )
+    states = _query(args, runtime, "status")
     _print_states(args, runtime, states)
     on_tcp = jobs.nodes_on_tcp(states)
     if on_tcp:
@@ -408,24 +455,20 @@ def status(args: argparse.Namespace, runtime: Runtime) -> int:
             flush=True,
         )
         return EXIT_FAILED
-    return EXIT_OK
+    # A state nobody could read (no answer) is not an answer a script may take for success.
+    return EXIT_FAILED if jobs.overall_state(states) == "unknown" else EXIT_OK
 
 
 def cancel(args: argparse.Namespace, runtime: Runtime) -> int:
     assert runtime.context is not None
-    if not 0 <= args.timeout_seconds <= 999:
-        raise ClusterctlError(f"--timeout-seconds={args.timeout_seconds}: allowed: 0-999", EXIT_USAGE)
-    outputs, instance_ids = _job_nodes(args, runtime)
-    states = jobs.query_job(
-        runtime.context.client("ssm"),
-        outputs.job_document_name,
-        args.job_id,
-        instance_ids,
-        "cancel",
-        args.timeout_seconds,
-        runtime.sleep,
-        runtime.clock,
-    )
+    longest = node_jobs.MAX_CANCEL_TIMEOUT_SECONDS
+    if not 0 <= args.timeout_seconds <= longest:
+        raise ClusterctlError(
+            f"--timeout-seconds={args.timeout_seconds}: allowed: 0-{longest} (the jobs document's "
+            f"{node_jobs.COMMAND_TIMEOUT_SECONDS} s command timeout, less what cancel needs after SIGKILL)",
+            EXIT_USAGE,
+        )
+    states = _query(args, runtime, "cancel")
     _print_states(args, runtime, states)
     return EXIT_FAILED if any(s.state in ("running", "unknown") for s in states) else EXIT_OK
 
@@ -472,8 +515,6 @@ def cost(args: argparse.Namespace, runtime: Runtime) -> int:
     else:
         if args.nodes is None or args.hours is None:
             raise ClusterctlError("cost needs --nodes and --hours (a plan) or --job JOB", EXIT_USAGE)
-        if args.hours < 0:
-            raise ClusterctlError(f"--hours={args.hours}: allowed: 0 or more", EXIT_USAGE)
         estimate = estimate_cost(args.instance_type, args.nodes, args.hours)
         label = "plan"
     _print_cost(args, runtime, estimate, label)

@@ -19,10 +19,15 @@ from typing import Any
 import botocore.exceptions
 
 from clusterctl.aws import EXIT_USAGE, ClusterctlError
-from clusterctl.nodes import Node
+from clusterctl.nodes import Node, split_addressable
 from node_bootstrap import jobs as node_jobs
+from training import config as training_config
+from training.errors import ConfigError as TrainingConfigError
 
 SEND_BATCH = 50  # ssm:SendCommand takes at most 50 InstanceIds (SSM API reference, SendCommand)
+# The version CloudFormation deployed: the document's default version. $LATEST would run any newer version
+# someone created with ssm:UpdateDocument outside the stack, before anyone set it as the default.
+DOCUMENT_VERSION = "$DEFAULT"
 POLL_SECONDS = 2.0
 START_TIMEOUT_SECONDS = 180.0  # the node waits up to 30 s for its supervisor; SSM delivery adds latency
 STATUS_TIMEOUT_SECONDS = 120.0
@@ -66,28 +71,42 @@ class JobRequest:
     max_restarts: int
     overrides: tuple[str, ...] = ()  # training: --set items; commcheck: its options as key=value
     module: str = node_jobs.TRAINING_MODULE  # what torchrun runs (node_bootstrap.jobs.MODULES)
+    resume_from: str = ""  # training: another job whose checkpoints this one starts from; "" = its own only
 
     def validate(self) -> None:
         if self.module not in node_jobs.MODULES:
             raise ClusterctlError(
                 f"module={self.module!r}: allowed: {', '.join(node_jobs.MODULES)}", EXIT_USAGE
             )
-        if self.module == node_jobs.TRAINING_MODULE:
-            self._validate_config()
-        elif self.config:
-            raise ClusterctlError(f"{self.module} takes no --config (got {self.config!r})", EXIT_USAGE)
-        for item in self.overrides:
-            if not node_jobs.OVERRIDE_RE.match(item):
+        for item in self.overrides:  # what the jobs document's allowedPattern takes
+            if not node_jobs.OVERRIDE_RE.fullmatch(item):
                 raise ClusterctlError(
                     f"--set {item!r}: allowed: key=value, a dotted key and a value of letters, "
                     "digits and _ . : / + , @ % - (no spaces or quotes)",
                     EXIT_USAGE,
                 )
+        if self.module == node_jobs.TRAINING_MODULE:
+            try:
+                for item in self.overrides:
+                    node_jobs.check_not_checkpoint_dir(item)
+            except node_jobs.JobError as e:
+                raise ClusterctlError(str(e).replace("overrides item", "--set"), EXIT_USAGE) from None
+            if self.resume_from and not node_jobs.JOB_ID_RE.fullmatch(self.resume_from):
+                raise ClusterctlError(
+                    f"--resume-from={self.resume_from!r}: allowed: the id of an earlier job on this cluster "
+                    "(j-YYYYMMDD-HHMMSS-xxxx)",
+                    EXIT_USAGE,
+                )
+            self._validate_config()
+        elif self.resume_from:
+            raise ClusterctlError(f"{self.module} takes no --resume-from", EXIT_USAGE)
+        elif self.config:
+            raise ClusterctlError(f"{self.module} takes no --config (got {self.config!r})", EXIT_USAGE)
         if not 0 <= self.max_restarts <= 99:
             raise ClusterctlError(f"--max-restarts={self.max_restarts}: allowed: 0-99", EXIT_USAGE)
 
     def _validate_config(self) -> None:
-        if not node_jobs.CONFIG_RE.match(self.config) or ".." in self.config.split("/"):
+        if not node_jobs.CONFIG_RE.fullmatch(self.config) or ".." in self.config.split("/"):
             raise ClusterctlError(
                 f"--config={self.config!r}: allowed: a .toml path of letters, digits, _ . / -", EXIT_USAGE
             )
@@ -103,6 +122,20 @@ class JobRequest:
                 "absolute path on the nodes (e.g. on /fsx)",
                 EXIT_USAGE,
             )
+        self._validate_training_settings()
+
+    def _validate_training_settings(self) -> None:
+        """The trainer's own loader and validation (training.config, which imports no torch) on the config
+        and the --set items, before anything is sent: a bad key or value is refused here, not on the nodes
+        after the job was "started". A config on the nodes (an absolute path) cannot be read here: then the
+        --set items are checked on their own (known section and key, a value of the field's type)."""
+        try:
+            if self.config.startswith("/"):
+                training_config.parse_overrides(self.overrides)
+            else:
+                training_config.load_config(REPO_ROOT / self.config, self.overrides)
+        except TrainingConfigError as e:
+            raise ClusterctlError(f"not submitted: {self.config} with the --set items: {e}", EXIT_USAGE) from None
 
     def parameters(self, job_id: str, rendezvous_host: str) -> dict[str, list[str]]:
         parameters = {
@@ -119,6 +152,8 @@ class JobRequest:
         # stack deployed before the module parameter existed (SSM rejects unknown parameters).
         if self.module != node_jobs.TRAINING_MODULE:
             parameters["module"] = [self.module]
+        if self.resume_from:  # likewise: only sent when asked for
+            parameters["resumeFrom"] = [self.resume_from]
         return parameters
 
 
@@ -165,25 +200,46 @@ def run_on_nodes(
 ) -> dict[str, Invocation]:
     """Sends the document to the nodes (in batches of 50) and waits for every node's answer."""
     pending: dict[str, str] = {}  # instance id -> command id
-    for start in range(0, len(instance_ids), SEND_BATCH):
-        batch = list(instance_ids[start : start + SEND_BATCH])
+    results: dict[str, Invocation] = {}
+
+    def send(batch: list[str]) -> None:
         command = ssm.send_command(
             DocumentName=document_name,
-            DocumentVersion="$LATEST",
+            DocumentVersion=DOCUMENT_VERSION,
             InstanceIds=batch,
             Parameters=parameters,
             Comment=comment[:100],  # SSM: Comment is at most 100 characters
             TimeoutSeconds=max(30, int(timeout_seconds)),  # delivery timeout: an offline node fails fast
         )["Command"]
         pending.update({instance_id: command["CommandId"] for instance_id in batch})
-    results: dict[str, Invocation] = {}
+
+    for start in range(0, len(instance_ids), SEND_BATCH):
+        batch = list(instance_ids[start : start + SEND_BATCH])
+        try:
+            send(batch)
+        except botocore.exceptions.ClientError as e:
+            if _error_code(e) != "InvalidInstanceId":
+                raise
+            # One instance SSM cannot address (terminated since it was looked up, or its agent is not
+            # registered) fails the whole batch: send to each alone, so the others are still reached.
+            for instance_id in batch:
+                try:
+                    send([instance_id])
+                except botocore.exceptions.ClientError as alone:
+                    if _error_code(alone) != "InvalidInstanceId":
+                        raise
+                    message = alone.response.get("Error", {}).get("Message", "")
+                    results[instance_id] = Invocation(
+                        instance_id, "InvalidInstanceId", None, "",
+                        f"SSM cannot address the instance (InvalidInstanceId: {message or 'no detail'})",
+                    )
     deadline = clock() + timeout_seconds
     while pending:
         for instance_id, command_id in list(pending.items()):
             try:
                 answer = ssm.get_command_invocation(CommandId=command_id, InstanceId=instance_id)
             except botocore.exceptions.ClientError as e:
-                if e.response.get("Error", {}).get("Code") == "InvocationDoesNotExist":
+                if _error_code(e) == "InvocationDoesNotExist":
                     continue  # SSM has not registered the invocation yet
                 raise
             if answer["Status"] in TERMINAL_STATUSES:
@@ -204,6 +260,10 @@ def run_on_nodes(
                 break
             sleep(POLL_SECONDS)
     return results
+
+
+def _error_code(error: botocore.exceptions.ClientError) -> str:
+    return str(error.response.get("Error", {}).get("Code", ""))
 
 
 # --- submit --------------------------------------------------------------------------------------------
@@ -294,12 +354,17 @@ def find_job(ssm: Any, document_name: str, job_id: str) -> JobRecord | None:
     )
 
 
+GONE = "gone"  # the node that ran the job is terminated (replaced): nothing is left to ask
+
+
 @dataclass(frozen=True)
 class NodeJobState:
     """One node's view of a job, from node_bootstrap.jobs status/cancel."""
 
     instance_id: str
-    state: str  # running, succeeded, failed, cancelled; not-found (no such job there); unknown (no answer)
+    # running, succeeded, failed, cancelled; not-found (no such job there); unknown (no answer); gone (the
+    # instance is terminated: the Auto Scaling group replaced it)
+    state: str
     exit_code: int | None
     last_step: int | None
     last_loss: float | None
@@ -336,6 +401,10 @@ class NodeJobState:
             return cls(invocation.instance_id, "not-found", None, None, None, None, None, invocation.error)
         return cls(invocation.instance_id, "unknown", None, None, None, None, None, invocation.error)
 
+    @classmethod
+    def gone(cls, instance_id: str, why: str) -> NodeJobState:
+        return cls(instance_id, GONE, None, None, None, None, None, f"gone (replaced): {why}")
+
     @property
     def network(self) -> str | None:
         """For people: "Libfabric/efa", "Socket", or None before NCCL chose."""
@@ -363,8 +432,11 @@ def reported_busbw(states: Sequence[NodeJobState]) -> NodeJobState | None:
 
 
 def overall_state(states: Sequence[NodeJobState]) -> str:
-    """The job's state: running while any node runs; failed if any node failed; succeeded if all did."""
-    names = {s.state for s in states}
+    """The job's state: running while any node runs; failed if any node failed; succeeded if all did.
+    Nodes that are gone do not count; a job whose nodes are all gone is "gone"."""
+    names = {s.state for s in states if s.state != GONE}
+    if not names and states:
+        return GONE
     for state in ("running", "failed", "cancelled"):
         if state in names:
             return state
@@ -377,14 +449,14 @@ def nodes_on_tcp(states: Sequence[NodeJobState]) -> list[str]:
     """The nodes where NCCL runs over TCP instead of EFA, when that matters: in a job of more than one node
     (on one node NCCL uses NVLink and the network is idle). A run whose logs show the Socket
     transport instead of Libfabric is broken."""
-    job_nodes = [s for s in states if s.state != "not-found"]
+    job_nodes = [s for s in states if s.state not in ("not-found", GONE)]
     if len(job_nodes) < 2:
         return []
     return [s.instance_id for s in job_nodes if s.nccl_over_tcp]
 
 
 def validate_job_id(job_id: str) -> None:
-    if not node_jobs.JOB_ID_RE.match(job_id):
+    if not node_jobs.JOB_ID_RE.fullmatch(job_id):
         raise ClusterctlError(
             f"job id {job_id!r}: allowed: the id `clusterctl submit` printed (j-YYYYMMDD-HHMMSS-xxxx)",
             EXIT_USAGE,
@@ -393,6 +465,7 @@ def validate_job_id(job_id: str) -> None:
 
 def query_job(
     ssm: Any,
+    ec2: Any,
     document_name: str,
     job_id: str,
     instance_ids: Sequence[str],
@@ -401,20 +474,32 @@ def query_job(
     sleep: Sleep = time.sleep,
     clock: Clock = time.monotonic,
 ) -> list[NodeJobState]:
-    """Runs `status` or `cancel` on the job's nodes and returns each node's state, ordered by instance id."""
+    """Runs `status` or `cancel` on the job's nodes that still exist and returns each node's state, ordered
+    by instance id; the nodes the Auto Scaling group replaced are reported gone, not asked (SSM refuses a
+    command to a terminated instance)."""
+    addressable, gone = split_addressable(ec2, instance_ids)
     parameters = {"action": [action], "jobId": [job_id]}
     timeout_seconds = STATUS_TIMEOUT_SECONDS
     if action == "cancel":
         parameters["cancelTimeoutSeconds"] = [str(cancel_timeout_seconds)]
         timeout_seconds += cancel_timeout_seconds + 60  # SIGTERM grace, then the kill and the unit stop
-    invocations = run_on_nodes(
-        ssm,
-        document_name,
-        list(instance_ids),
-        parameters,
-        f"clusterctl {action} {job_id}",
-        timeout_seconds,
-        sleep,
-        clock,
+    invocations = (
+        run_on_nodes(
+            ssm,
+            document_name,
+            addressable,
+            parameters,
+            f"clusterctl {action} {job_id}",
+            timeout_seconds,
+            sleep,
+            clock,
+        )
+        if addressable
+        else {}
     )
-    return [NodeJobState.from_invocation(invocations[i]) for i in sorted(invocations)]
+    refused = [i for i, invocation in invocations.items() if invocation.status == "InvalidInstanceId"]
+    if refused:  # terminated between the look and the send, or an agent that is not registered: look again
+        gone.update(split_addressable(ec2, refused)[1])
+    states = [NodeJobState.from_invocation(i) for i in invocations.values() if i.instance_id not in gone]
+    states += [NodeJobState.gone(instance_id, why) for instance_id, why in gone.items()]
+    return sorted(states, key=lambda s: s.instance_id)

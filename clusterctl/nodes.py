@@ -11,6 +11,12 @@ from typing import Any
 
 from clusterctl.aws import EXIT_FAILED, EXIT_STACK, ClusterctlError
 
+# The EC2 states SSM can send a command to; SendCommand to an instance shutting down or terminated fails the
+# whole call with InvalidInstanceId (SSM API reference, InvalidInstanceId: "Valid states are: Running, Pending,
+# Stopped, and Stopping. Invalid states are: Shutting-down and Terminated.").
+SSM_ADDRESSABLE_STATES = ("pending", "running", "stopping", "stopped")
+FILTER_VALUES_MAX = 200  # values per filter in one DescribeInstances call
+
 BOOTSTRAP_TAG = "cluster:bootstrap"  # running | ready | failed, set by the node's user-data
 BOOTSTRAP_REASON_TAG = "cluster:bootstrap-reason"
 
@@ -99,3 +105,32 @@ def select_job_nodes(nodes: Sequence[Node], count: int) -> list[Node]:
         detail = f" (not ready: {problems})" if problems else ""
         raise ClusterctlError(f"{count} nodes asked, {len(ready)} of {len(nodes)} ready{detail}")
     return ready[:count]
+
+
+def instance_states(ec2: Any, instance_ids: Sequence[str]) -> dict[str, str]:
+    """EC2's state name for each instance it still knows (pending, running, ..., terminated: a terminated
+    instance stays visible for about an hour). An id EC2 no longer knows is absent. Asked through a filter,
+    not InstanceIds, which fails the whole call on one unknown id."""
+    states: dict[str, str] = {}
+    ids = sorted(set(instance_ids))
+    paginator = ec2.get_paginator("describe_instances")
+    for start in range(0, len(ids), FILTER_VALUES_MAX):
+        chunk = ids[start : start + FILTER_VALUES_MAX]
+        for page in paginator.paginate(Filters=[{"Name": "instance-id", "Values": chunk}]):
+            for reservation in page["Reservations"]:
+                for instance in reservation["Instances"]:
+                    states[instance["InstanceId"]] = instance["State"]["Name"]
+    return states
+
+
+def split_addressable(ec2: Any, instance_ids: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """(the instances SSM can still send a command to, {every other instance: why it is gone}): a node the
+    Auto Scaling group replaced is shutting down, terminated, or no longer known to EC2 at all."""
+    states = instance_states(ec2, instance_ids)
+    addressable = [i for i in instance_ids if states.get(i) in SSM_ADDRESSABLE_STATES]
+    gone = {
+        i: f"instance {states[i]}" if i in states else "instance no longer exists"
+        for i in instance_ids
+        if states.get(i) not in SSM_ADDRESSABLE_STATES
+    }
+    return addressable, gone

@@ -20,6 +20,7 @@ from node_bootstrap.bootstrap import (
     select_steps,
 )
 from node_bootstrap.config import DEFAULT_CONFIG_PATH, ConfigError, NodeConfig, load_node_config
+from node_bootstrap.deadline import Deadline
 from node_bootstrap.health import probe_commands, run_health_checks
 from node_bootstrap.host import Host
 from node_bootstrap.imds import Imds
@@ -115,6 +116,9 @@ def _run(args, config: NodeConfig, host: Host, runner: Runner, imds: Imds, sleep
     except OSError as e:
         print(f"node_bootstrap: cannot open {LOG_FILE} under {args.root}: {e}", file=sys.stderr)
         return EXIT_FAILED
+    if not args.dry_run:
+        # One clock for the whole boot: every command's timeout and every retry sleep is cut to what is left.
+        runner.deadline = Deadline(config.bootstrap.deadline_seconds)
     node = Node(config=config, host=host, runner=runner, imds=imds, sleep=sleep, dry_run=args.dry_run)
     return run_bootstrap(node, steps)
 

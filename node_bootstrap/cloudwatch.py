@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import logging
+import time
+from typing import Callable
 
 from node_bootstrap.config import DEFAULT_CONFIG_PATH, NodeConfig
 from node_bootstrap.efa_metrics import UNIT as EFA_METRICS_UNIT
@@ -57,7 +59,12 @@ def build_efa_metrics_unit(config: NodeConfig) -> str:
     ])
 
 
-def plan_logging(config: NodeConfig, host: Host, runner: Runner) -> StepPlan:
+INSTALL_ATTEMPTS = 3
+INSTALL_TIMEOUT_S = 600.0  # a first dnf run refreshes repository metadata
+
+
+def plan_logging(config: NodeConfig, host: Host, runner: Runner, *,
+                 sleep: Callable[[float], None] = time.sleep) -> StepPlan:
     plan = StepPlan("logging")
     ctl = host.path(AGENT_CTL)
     if not host.exists(AGENT_CTL):
@@ -65,7 +72,10 @@ def plan_logging(config: NodeConfig, host: Host, runner: Runner) -> StepPlan:
             plan.note("WARNING: the CloudWatch agent is not installed and dnf is not available to install "
                       f"it; the bootstrap log stays on the node only ({LOG_FILE})")
             return plan
-        plan.add("install the CloudWatch agent", argv=("dnf", "install", "-y", "amazon-cloudwatch-agent"))
+        plan.add(f"install the CloudWatch agent ({INSTALL_ATTEMPTS} tries)",
+                 apply=lambda: runner.run_retried(("dnf", "install", "-y", "amazon-cloudwatch-agent"),
+                                                  attempts=INSTALL_ATTEMPTS, delay_s=5.0,
+                                                  timeout=INSTALL_TIMEOUT_S, sleep=sleep))
 
     text = build_agent_config(config)
     if host.read_text(AGENT_CONFIG, default="") != text:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 DEFAULT_CONFIG_PATH = "/etc/cluster/node-config.json"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # must match cluster_constructs/node_config.py
 
 T = TypeVar("T")
 
@@ -27,6 +27,7 @@ class ExpectedHardware:
     gpu_memory_gib: int  # memory per GPU from the catalog
     efa_interface_count: int  # EFA devices `fi_info -p efa` must list
     nvme_device_count: int  # instance-store NVMe devices
+    nvswitch: bool  # GPUs joined by NVSwitches: NVIDIA Fabric Manager must run before CUDA works
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,14 @@ class LustreConfig:
 
 
 @dataclass(frozen=True)
+class BootstrapConfig:
+    deadline_seconds: int  # the whole boot sequence must end within this; then the node is marked failed
+    auto_scaling_group_name: str  # the node's group: protected mode suspends its replacements
+    protected_mode_failures: int  # this many failures in a row, for the same reason, stop replacements
+    protected_mode_window_seconds: int  # ... counted within this window
+
+
+@dataclass(frozen=True)
 class LoggingConfig:
     log_group_name: str
 
@@ -57,7 +66,7 @@ class LoggingConfig:
 class MetricsConfig:
     interval_seconds: int  # how often the agent and the EFA collector sample
     namespace: str  # CloudWatch namespace of the EFA collector's EMF metrics
-    auto_scaling_group_name: str  # the group dimension the dashboard and alarms filter on
+    auto_scaling_group_name: str  # the group dimension the dashboard and alarms filter on (bootstrap section's)
     efa_metrics_dir: str  # where the EFA collector writes its EMF files (the agent tails them)
 
 
@@ -86,6 +95,7 @@ class NodeConfig:
     metrics: MetricsConfig
     cloudwatch_agent: dict[str, Any]  # the agent's JSON configuration, written as rendered by the stack
     training: TrainingConfig
+    bootstrap: BootstrapConfig
 
 
 def load_node_config(path: str) -> NodeConfig:
@@ -117,6 +127,7 @@ def parse_node_config(data: Any) -> NodeConfig:
     metrics = r.section("metrics")
     agent = r.section("cloudwatchAgent")
     training = r.section("training")
+    bootstrap = r.section("bootstrap")
     return NodeConfig(
         schema_version=version,
         stack_name=r.string("stackName"),
@@ -127,6 +138,7 @@ def parse_node_config(data: Any) -> NodeConfig:
             gpu_memory_gib=expected.integer("gpuMemoryGiB", minimum=1),
             efa_interface_count=expected.integer("efaInterfaceCount", minimum=0),
             nvme_device_count=expected.integer("nvmeDeviceCount", minimum=0),
+            nvswitch=expected.boolean("nvswitch"),
         ),
         scratch=ScratchConfig(
             mount_point=scratch.abs_path("mountPoint"),
@@ -142,7 +154,7 @@ def parse_node_config(data: Any) -> NodeConfig:
         metrics=MetricsConfig(
             interval_seconds=metrics.integer("intervalSeconds", minimum=1, maximum=3600),
             namespace=metrics.string("namespace"),
-            auto_scaling_group_name=metrics.string("autoScalingGroupName"),
+            auto_scaling_group_name=bootstrap.string("autoScalingGroupName"),
             efa_metrics_dir=metrics.abs_path("efaMetricsDir"),
         ),
         cloudwatch_agent=agent.raw(required=("logs",)),
@@ -155,6 +167,12 @@ def parse_node_config(data: Any) -> NodeConfig:
             checkpoint_root=training.abs_path("checkpointRoot"),
             data_root=training.abs_path("dataRoot"),
             rendezvous_port=training.integer("rendezvousPort", minimum=1, maximum=65535),
+        ),
+        bootstrap=BootstrapConfig(
+            deadline_seconds=bootstrap.integer("deadlineSeconds", minimum=60),
+            auto_scaling_group_name=bootstrap.string("autoScalingGroupName"),
+            protected_mode_failures=bootstrap.integer("protectedModeFailures", minimum=1, maximum=100),
+            protected_mode_window_seconds=bootstrap.integer("protectedModeWindowSeconds", minimum=60),
         ),
     )
 

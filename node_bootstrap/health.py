@@ -3,7 +3,9 @@
 Checks, each ok / warn / fail (only a fail makes the node unhealthy):
 - gpu-count: nvidia-smi lists the catalog's GPU count;  gpu-memory: each GPU has the catalog's memory;
 - gpu-ecc: no uncorrectable ECC errors since the driver loaded; gpu-row-remap: no pending or failed row remap;
-- xid: no Xid that means the node must be replaced (application Xids only warn);
+- fabric-manager, cuda-init, dcgm-diag: what breaks every job while nvidia-smi looks fine (gpu_runtime.py);
+- xid: no Xid whose verdict in xid.py is reset or replace (application and watch Xids only warn), from the
+  journal or, when it is empty, the kernel ring buffer (kernel_log.py), the source named in the detail;
 - efa: `fi_info -p efa` lists the catalog's EFA device count.
 """
 
@@ -12,6 +14,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from node_bootstrap import gpu_runtime
+from node_bootstrap.checks import FAIL, OK, WARN, Check
 from node_bootstrap.config import ExpectedHardware
 from node_bootstrap.efa import FI_INFO_ARGS, efa_rdm_domains
 from node_bootstrap.gpu import (
@@ -22,21 +26,14 @@ from node_bootstrap.gpu import (
     parse_gpu_query,
     parse_remapped_rows,
 )
+from node_bootstrap.kernel_log import probe_command as kernel_log_command
+from node_bootstrap.kernel_log import read_kernel_log
 from node_bootstrap.plan import StepError, StepPlan
 from node_bootstrap.runner import Runner
-from node_bootstrap.xid import APPLICATION, REPLACE_NODE, XidEvent, parse_xid_events
+from node_bootstrap.xid import APP, IGNORE, UNUSABLE_ACTIONS, XidEvent, parse_xid_lines
 
-OK, WARN, FAIL = "ok", "warn", "fail"
+__all__ = ["FAIL", "OK", "WARN", "Check", "HealthGateFailed", "HealthReport", "plan_health", "run_health_checks"]
 GPU_MEMORY_TOLERANCE = 0.95  # nvidia-smi reports slightly less than the marketing size (H100 80GB: 81559 MiB)
-KERNEL_LOG_JOURNAL = ("journalctl", "-k", "-b", "0", "--no-pager", "-o", "short-iso")
-KERNEL_LOG_DMESG = ("dmesg",)
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    status: str  # ok | warn | fail
-    detail: str
 
 
 @dataclass(frozen=True)
@@ -63,8 +60,8 @@ class HealthReport:
             "instanceType": self.instance_type,
             "checks": [{"name": c.name, "status": c.status, "detail": c.detail} for c in self.checks],
             "xidEvents": [
-                {"xid": e.xid, "pciBusId": e.pci_bus_id, "severity": e.severity, "meaning": e.meaning,
-                 "message": e.message}
+                {"code": e.code, "pciBusId": e.pci_bus_id, "action": e.verdict.action,
+                 "reason": e.verdict.reason, "message": e.message}
                 for e in self.xid_events
             ],
         }, indent=2)
@@ -87,7 +84,8 @@ class HealthGateFailed(StepError):
 def probe_commands(runner: Runner) -> list[tuple[str, ...]]:
     """The read-only commands the checks run, for `check --dry-run`."""
     fi_info = (_fi_info(runner) or "fi_info",) + FI_INFO_ARGS
-    return [GPU_QUERY, REMAP_QUERY, _kernel_log_command(runner), fi_info]
+    return [GPU_QUERY, REMAP_QUERY, gpu_runtime.fabric_manager_command(), gpu_runtime.cuda_probe_command(),
+            gpu_runtime.DCGM_DIAG, kernel_log_command(runner), fi_info]
 
 
 def run_health_checks(expected: ExpectedHardware, instance_type: str, runner: Runner) -> HealthReport:
@@ -95,6 +93,10 @@ def run_health_checks(expected: ExpectedHardware, instance_type: str, runner: Ru
     gpus = _check_gpus(expected, runner, checks)
     if gpus is not None:
         _check_row_remap(runner, checks)
+    checks.append(gpu_runtime.check_fabric_manager(expected, runner))
+    if gpus is not None:  # without a working driver there is nothing to make a context on
+        checks.append(gpu_runtime.check_cuda(expected, runner))
+        checks.append(gpu_runtime.check_dcgm(runner))
     events = _check_xids(runner, checks)
     _check_efa(expected, runner, checks)
     return HealthReport(instance_type, tuple(checks), tuple(events))
@@ -180,23 +182,26 @@ def _check_row_remap(runner: Runner, checks: list[Check]) -> None:
 
 
 def _check_xids(runner: Runner, checks: list[Check]) -> list[XidEvent]:
-    command = _kernel_log_command(runner)
-    result = runner.run(command, mutating=False, check=False)
-    if not result.ok:
-        checks.append(Check("xid", WARN, "kernel log not readable: " + result.describe_failure()))
+    log = read_kernel_log(runner)
+    if not log.result.ok:
+        checks.append(Check("xid", WARN, f"kernel log not readable ({log.source}): "
+                                         + log.result.describe_failure()))
         return []
-    events = parse_xid_events(result.stdout)
-    fatal = [e for e in events if e.severity == REPLACE_NODE]
-    app = [e for e in events if e.severity == APPLICATION]
-    other = [e for e in events if e.severity not in (REPLACE_NODE, APPLICATION)]
-    if fatal:
-        checks.append(Check("xid", FAIL, "node must be replaced: " + _summarize(fatal)))
-    elif app or other:
+    events = parse_xid_lines(log.text)
+    # The table in xid.py decides: a reset- or replace-class Xid since boot means the node cannot take jobs.
+    unusable = [e for e in events if e.verdict.action in UNUSABLE_ACTIONS]
+    app = [e for e in events if e.verdict.action == APP]
+    watch = [e for e in events if e.verdict.action not in UNUSABLE_ACTIONS and e.verdict.action != APP
+             and e.verdict.action != IGNORE]
+    source = f" (read: {log.source})"
+    if unusable:
+        checks.append(Check("xid", FAIL, "node unusable: " + _summarize(unusable) + source))
+    elif app or watch:
         parts = (["application faults: " + _summarize(app)] if app else []) + (
-            ["unclassified: " + _summarize(other)] if other else [])
-        checks.append(Check("xid", WARN, "; ".join(parts)))
+            ["recorded: " + _summarize(watch)] if watch else [])
+        checks.append(Check("xid", WARN, "; ".join(parts) + source))
     else:
-        checks.append(Check("xid", OK, "no Xid events since boot"))
+        checks.append(Check("xid", OK, "no Xid events since boot" + source))
     return events
 
 
@@ -221,11 +226,6 @@ def _check_efa(expected: ExpectedHardware, runner: Runner, checks: list[Check]) 
 
 def _fi_info(runner: Runner) -> str | None:
     return runner.which("fi_info")  # the EFA installer puts it in /opt/amazon/efa/bin (in EXTRA_TOOL_DIRS)
-
-
-def _kernel_log_command(runner: Runner) -> tuple[str, ...]:
-    # The journal keeps the whole boot; dmesg's ring buffer may have rotated early Xids out on a busy node.
-    return KERNEL_LOG_JOURNAL if runner.which("journalctl") is not None else KERNEL_LOG_DMESG
 
 
 def _summarize(events: list[XidEvent]) -> str:

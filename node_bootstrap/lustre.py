@@ -8,6 +8,14 @@ systemd-networkd), and _netdev already orders the mount after network-online.tar
 
 The client kernel module must be built for the running kernel (FSx User Guide, "Installing the Lustre
 client"); a module for another kernel is as good as none, so the check is `modinfo -k $(uname -r) lustre`.
+lustre_client.py installs it per OS.
+
+EFA: a file system created with EFA support (fsxEfaEnabled) is mounted here over TCP, like any other. Using
+EFA needs the client configured for it first (FSx User Guide, "Using EFA-enabled file systems": the EFA driver,
+a Lustre client with the EFA network driver, and LNet configured on the EFA interfaces before the mount;
+https://docs.aws.amazon.com/fsx/latest/LustreGuide/efa-file-systems.html), which node_bootstrap does not do.
+So the step says so in the log, and after the mount it reads the node's LNet NIDs (`lctl list_nids`) and logs
+which network the mount really uses.
 """
 
 from __future__ import annotations
@@ -19,7 +27,8 @@ from typing import Callable
 
 from node_bootstrap.config import LustreConfig, NodeConfig
 from node_bootstrap.host import Host
-from node_bootstrap.mounts import FstabEntry, Mount, apply_fstab_entry, find_mount, fstab_has_entry
+from node_bootstrap.lustre_client import plan_client_install
+from node_bootstrap.mounts import FstabEntry, Mount, find_mount, fstab_has_entry, persist_fstab_entry
 from node_bootstrap.plan import StepError, StepPlan
 from node_bootstrap.runner import Runner
 
@@ -31,6 +40,7 @@ MOUNT_ATTEMPTS = 5
 BACKOFF_FIRST_S = 5.0  # then doubled per attempt: 5, 10, 20, 40 s (about 75 s of waiting in all)
 BACKOFF_MAX_S = 60.0
 MOUNT_TIMEOUT_S = 180.0
+EFA_CLIENT_DOC = "https://docs.aws.amazon.com/fsx/latest/LustreGuide/efa-file-systems.html"
 
 
 def plan_lustre(config: NodeConfig, host: Host, runner: Runner, *,
@@ -41,14 +51,14 @@ def plan_lustre(config: NodeConfig, host: Host, runner: Runner, *,
     if not kernel:
         raise StepError("cannot read the running kernel release from /proc/sys/kernel/osrelease")
     if lustre.efa_enabled:
-        plan.note("the file system supports EFA; node_bootstrap mounts it over TCP "
-                  "(EFA client setup for Lustre is not configured here)")
+        plan.note("WARNING: the file system supports EFA but node_bootstrap mounts it over TCP: the EFA Lustre "
+                  f"client set-up (EFA driver, Lustre's EFA network driver, LNet on the EFA interfaces; "
+                  f"{EFA_CLIENT_DOC}) is not automated here")
 
     if _module_available(runner, kernel):
         plan.note(f"Lustre client module present for kernel {kernel}")
     else:
-        install = _install_command(runner, kernel)
-        plan.add(f"install the Lustre client for kernel {kernel} (module missing)", argv=install)
+        plan_client_install(plan, host, runner, kernel, sleep)
         plan.add(f"check the installed Lustre module matches kernel {kernel}",
                  apply=lambda: _require_module(runner, kernel))
 
@@ -69,8 +79,8 @@ def plan_lustre(config: NodeConfig, host: Host, runner: Runner, *,
     entry = FstabEntry(lustre.source, lustre.mount_point, "lustre", FSTAB_OPTIONS)
     if not fstab_has_entry(host, entry):
         plan.add(f"persist {lustre.mount_point} in /etc/fstab with _netdev",
-                 apply=lambda: apply_fstab_entry(host, entry, "FSx for Lustre"))
-    plan.verify = lambda: _verify(host, lustre)
+                 apply=lambda: persist_fstab_entry(host, runner, entry, "FSx for Lustre"))
+    plan.verify = lambda: _verify(host, lustre, runner)
     return plan
 
 
@@ -89,7 +99,7 @@ def mount_with_retries(runner: Runner, argv, *, sleep: Callable[[float], None],
             delay_s = min(BACKOFF_FIRST_S * 2 ** (attempt - 1), BACKOFF_MAX_S)
             LOG.warning("lustre: mount attempt %d of %d failed (%s); retrying in %.0f s",
                         attempt, attempts, result.describe_failure(), delay_s)
-            sleep(delay_s)
+            runner.sleep(delay_s, sleep=sleep)
     raise StepError(
         f"mounting FSx for Lustre failed {attempts} times; last: "
         f"{last.describe_failure() if last else 'no attempt'}. Check that the file system is AVAILABLE, that "
@@ -111,17 +121,6 @@ def _require_module(runner: Runner, kernel: str) -> None:
         )
 
 
-def _install_command(runner: Runner, kernel: str):
-    # FSx User Guide, "Installing the Lustre client": Amazon Linux 2023 ships lustre-client in its repository;
-    # Ubuntu needs the kernel-specific modules package from the FSx apt repository.
-    if runner.which("dnf") is not None:
-        return ("dnf", "install", "-y", "lustre-client")
-    if runner.which("apt-get") is not None:
-        return ("apt-get", "install", "-y", "lustre-client-modules-" + kernel)
-    raise StepError(f"the Lustre client module for kernel {kernel} is missing and neither dnf nor apt-get "
-                    "is available to install it")
-
-
 def _require_our_mount(mounted: Mount, lustre: LustreConfig) -> None:
     # /proc/mounts names the server by IP (172.31.1.2@tcp:/mountname), so compare the mount name only.
     if mounted.fstype != "lustre" or not mounted.source.endswith(":/" + lustre.mount_name):
@@ -129,12 +128,29 @@ def _require_our_mount(mounted: Mount, lustre: LustreConfig) -> None:
                         f"not from the FSx file system {lustre.source}")
 
 
-def _verify(host: Host, lustre: LustreConfig) -> None:
+def _verify(host: Host, lustre: LustreConfig, runner: Runner) -> None:
     mounted = find_mount(host, lustre.mount_point)
     if mounted is None:
         raise StepError(f"{lustre.mount_point} is not mounted after the lustre step")
     _require_our_mount(mounted, lustre)
     write_test(host.path(lustre.mount_point))
+    _log_network(runner, lustre)
+
+
+def _log_network(runner: Runner, lustre: LustreConfig) -> None:
+    """Say which LNet network the client uses: `lctl list_nids` prints one NID per line, e.g. 10.0.1.5@tcp
+    (an EFA-configured client adds ...@efa NIDs)."""
+    if runner.which("lctl") is None:
+        return
+    result = runner.run(["lctl", "list_nids"], mutating=False, check=False)
+    nids = result.stdout.split() if result.ok else []
+    networks = sorted({n.rsplit("@", 1)[-1] for n in nids if "@" in n})
+    if not networks:
+        return
+    LOG.info("lustre: this client's LNet NIDs: %s", ", ".join(nids))
+    if lustre.efa_enabled and not any(n.startswith("efa") for n in networks):
+        LOG.warning("lustre: %s is EFA-enabled but is mounted over %s, not EFA (%s)", lustre.mount_point,
+                    "/".join(networks), EFA_CLIENT_DOC)
 
 
 def write_test(directory: str, payload: bytes | None = None) -> None:

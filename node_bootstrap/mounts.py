@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 
 from node_bootstrap.host import Host
+from node_bootstrap.runner import Runner
 
 LOG = logging.getLogger("node_bootstrap")
 
@@ -87,6 +88,19 @@ def apply_fstab_entry(host: Host, entry: FstabEntry, purpose: str) -> bool:
     if text is None:
         return False
     return host.write_text(FSTAB, text)
+
+
+def persist_fstab_entry(host: Host, runner: Runner, entry: FstabEntry, purpose: str) -> bool:
+    """`apply_fstab_entry`, then `systemctl daemon-reload` when fstab changed: systemd turns fstab into mount
+    units (systemd-fstab-generator(8)) at boot and on daemon-reload only, so until then the running systemd
+    keeps the old units, warns that fstab changed, and an x-systemd.automount entry has no automount unit."""
+    changed = apply_fstab_entry(host, entry, purpose)
+    # Only where systemd is the init system: sd_booted(3) tests for /run/systemd/system (not in containers).
+    if changed and host.exists("/run/systemd/system") and runner.which("systemctl") is not None:
+        result = runner.run(["systemctl", "daemon-reload"], mutating=True, check=False)
+        if not result.ok:  # the mount itself is in place; the units follow at the next boot
+            LOG.warning("fstab: %s", result.describe_failure())
+    return changed
 
 
 def fstab_has_entry(host: Host, entry: FstabEntry) -> bool:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import logging
 import shlex
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from node_bootstrap.runner import Runner
+if TYPE_CHECKING:  # runner.py imports deadline.py, which imports StepError from here
+    from node_bootstrap.runner import Runner
 
 LOG = logging.getLogger("node_bootstrap")
 

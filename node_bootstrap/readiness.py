@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
+from typing import Callable
 
 from node_bootstrap.imds import InstanceIdentity
 from node_bootstrap.plan import StepError, StepPlan
@@ -21,6 +23,7 @@ LOG = logging.getLogger("node_bootstrap")
 TAG_STATE = "cluster:bootstrap"
 TAG_REASON = "cluster:bootstrap-reason"
 MAX_TAG_VALUE_CHARS = 256  # EC2 tag values hold at most 256 Unicode characters
+AWS_TIMEOUT_S = 60.0
 
 
 def build_reason(text: str) -> str:
@@ -46,13 +49,21 @@ def read_tags(identity: InstanceIdentity, runner: Runner) -> dict[str, str]:
     return {t["Key"]: t.get("Value", "") for t in tags if isinstance(t, dict) and "Key" in t}
 
 
-def plan_ready(identity: InstanceIdentity, runner: Runner) -> StepPlan:
+def plan_ready(identity: InstanceIdentity, runner: Runner, *, warnings: Sequence[str] = (),
+               on_ready: Callable[[], None] | None = None) -> StepPlan:
+    """Tag the node ready. `warnings` (non-fatal step failures) go on the reason tag of the ready node, so
+    an operator sees that, say, its logs are not shipped; `on_ready` runs once the node is newly ready."""
     plan = StepPlan("signal")
     tags = read_tags(identity, runner)
-    if tags.get(TAG_STATE) != "ready":
-        plan.add(f"tag {identity.instance_id} {TAG_STATE}=ready",
-                 argv=_create_tags(identity, {TAG_STATE: "ready"}))
-    if TAG_REASON in tags:
+    wanted_reason = build_reason("ready with warnings: " + "; ".join(warnings)) if warnings else None
+    if tags.get(TAG_STATE) != "ready" or (wanted_reason and tags.get(TAG_REASON) != wanted_reason):
+        wanted = {TAG_STATE: "ready", **({TAG_REASON: wanted_reason} if wanted_reason else {})}
+        plan.add(f"tag {identity.instance_id} {TAG_STATE}=ready" + (" with its warnings" if warnings else ""),
+                 argv=_create_tags(identity, wanted))
+        if on_ready is not None and tags.get(TAG_STATE) != "ready":
+            plan.add("record the successful bootstrap on the Auto Scaling group (ends a failure streak)",
+                     apply=on_ready)
+    if TAG_REASON in tags and not wanted_reason:
         plan.add(f"remove the stale {TAG_REASON} tag",
                  argv=("aws", "ec2", "delete-tags", "--region", identity.region,
                        "--resources", identity.instance_id, "--tags", "Key=" + TAG_REASON))
@@ -63,12 +74,14 @@ def plan_ready(identity: InstanceIdentity, runner: Runner) -> StepPlan:
 
 def signal_failure(identity: InstanceIdentity, runner: Runner, reason: str) -> None:
     """Tag the instance failed with the reason and mark it Unhealthy; raises CommandError if either fails."""
-    runner.run(_create_tags(identity, {TAG_STATE: "failed", TAG_REASON: build_reason(reason)}), mutating=True)
+    # past_deadline: reporting a failure must work after the bootstrap deadline, which may be the failure.
+    runner.run(_create_tags(identity, {TAG_STATE: "failed", TAG_REASON: build_reason(reason)}), mutating=True,
+               timeout=AWS_TIMEOUT_S, past_deadline=True)
     runner.run(
         ["aws", "autoscaling", "set-instance-health", "--region", identity.region,
          "--instance-id", identity.instance_id, "--health-status", "Unhealthy",
          "--no-should-respect-grace-period"],
-        mutating=True,
+        mutating=True, timeout=AWS_TIMEOUT_S, past_deadline=True,
     )
 
 

@@ -4,6 +4,14 @@ Every command is declared read-only (a probe: blkid, nvidia-smi, modinfo) or mut
 aws ec2 create-tags). The runner records every call, so tests can assert what ran and that a second run ran
 nothing mutating; in dry-run mode it prints mutating commands instead of running them and still runs probes,
 so the printed plan is computed from the machine's real state.
+
+Every command ends in bounded time, even one stuck in uninterruptible sleep (nvidia-smi on a GPU that fell off
+the bus sits in the kernel and ignores SIGKILL until the driver gives up). subprocess.run cannot promise that:
+on a timeout CPython 3.9 kills the child and then waits for it with no limit (Lib/subprocess.py, run(): the
+`except TimeoutExpired` branch calls process.wait() with no timeout), and its pipes stay open while anything
+still holds them. So the runner starts each command in its own process group, kills the group on timeout,
+waits at most KILL_GRACE_S for it and then abandons it, keeping the output read so far. With a Deadline set,
+each timeout is also cut to the time the whole bootstrap has left.
 """
 
 from __future__ import annotations
@@ -12,13 +20,20 @@ import logging
 import os
 import shlex
 import shutil
+import signal
 import subprocess
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Callable
+
+from node_bootstrap.deadline import Deadline
 
 LOG = logging.getLogger("node_bootstrap")
 
 DEFAULT_TIMEOUT_S = 120.0
+KILL_GRACE_S = 5.0  # how long to wait for a killed command before abandoning it
+TIMED_OUT = 124  # the exit code of a command that ran out of time (as coreutils timeout(1) uses)
 # Tools the DLAMI installs outside the default PATH of cloud-init's non-login shell.
 EXTRA_TOOL_DIRS = ("/opt/amazon/efa/bin", "/usr/sbin", "/sbin", "/usr/local/bin")
 
@@ -61,10 +76,15 @@ class CommandError(RuntimeError):
 class Runner:
     """Runs commands with subprocess. Tests subclass it and override `_execute` (and `which`)."""
 
-    def __init__(self, *, dry_run: bool = False, print_fn=print) -> None:
+    def __init__(self, *, dry_run: bool = False, print_fn=print, deadline: Deadline | None = None,
+                 popen: Callable[..., subprocess.Popen] = subprocess.Popen,
+                 kill_grace_s: float = KILL_GRACE_S) -> None:
         self.dry_run = dry_run
         self.calls: list[Call] = []
         self._print = print_fn
+        self.deadline = deadline  # the overall bootstrap deadline, when one is set
+        self._popen = popen  # seam: tests pass a Popen whose child never dies
+        self._kill_grace_s = kill_grace_s
 
     def run(
         self,
@@ -74,12 +94,17 @@ class Runner:
         check: bool = True,
         timeout: float = DEFAULT_TIMEOUT_S,
         input_text: str | None = None,
+        past_deadline: bool = False,
     ) -> CommandResult:
         """Run `argv` (no shell). `mutating` commands are only printed in dry-run mode.
 
-        `check=True` raises CommandError on a non-zero exit; a missing executable gives exit code 127.
+        `check=True` raises CommandError on a non-zero exit; a missing executable gives exit code 127 and a
+        command that ran out of time 124. The timeout is cut to the deadline's time left (DeadlineExceeded
+        when none is left), except for `past_deadline` commands: the ones that report a failure.
         """
         argv_t = tuple(str(a) for a in argv)
+        if self.deadline is not None and not past_deadline:
+            timeout = self.deadline.bound(timeout)
         self.calls.append(Call(argv_t, mutating))
         if mutating and self.dry_run:
             self._print(f"  would run: {shlex.join(argv_t)}")
@@ -99,21 +124,78 @@ class Runner:
     def mutating_calls(self) -> list[Call]:
         return [c for c in self.calls if c.mutating]
 
+    def run_retried(self, argv: Sequence[str], *, attempts: int, delay_s: float, timeout: float,
+                    sleep: Callable[[float], None] = time.sleep) -> CommandResult:
+        """Run a mutating command until it succeeds, at most `attempts` times, `delay_s` apart (package
+        installs: a repository mirror that times out once usually answers the next time). Raises CommandError
+        with the last failure."""
+        for attempt in range(1, attempts + 1):
+            result = self.run(argv, mutating=True, check=False, timeout=timeout)
+            if result.ok:
+                return result
+            if attempt < attempts:
+                LOG.warning("attempt %d of %d failed: %s; retrying in %.0f s", attempt, attempts,
+                            result.describe_failure(), delay_s)
+                self.sleep(delay_s, sleep=sleep)
+        raise CommandError(result)
+
+    def sleep(self, seconds: float, sleep: Callable[[float], None] = time.sleep) -> None:
+        """Sleep between retries, but never past the deadline (DeadlineExceeded when it has passed)."""
+        if self.deadline is not None:
+            seconds = self.deadline.bound(seconds)
+        sleep(seconds)
+
     def _execute(self, argv: tuple[str, ...], timeout: float, input_text: str | None) -> CommandResult:
         executable = argv[0] if os.path.isabs(argv[0]) else self.which(argv[0])
         if executable is None:
             return CommandResult(argv, 127, "", f"{argv[0]}: command not found")
         try:
-            proc = subprocess.run(
+            proc = self._popen(
                 [executable, *argv[1:]],
-                input=input_text,
-                capture_output=True,
+                stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 text=True,
-                timeout=timeout,
-                check=False,
+                start_new_session=True,  # its own process group: a timeout kills the children too
             )
         except FileNotFoundError:
             return CommandResult(argv, 127, "", f"{argv[0]}: command not found")
+        try:
+            stdout, stderr = proc.communicate(input_text, timeout=timeout)
+        except subprocess.TimeoutExpired as expired:
+            return self._stop(proc, argv, timeout, expired)
+        return CommandResult(argv, proc.returncode, stdout, stderr)
+
+    def _stop(self, proc, argv: tuple[str, ...], timeout: float,
+              expired: subprocess.TimeoutExpired) -> CommandResult:
+        """Kill a command that ran out of time; wait for it a bounded while, then abandon it."""
+        stdout, stderr = _text(expired.stdout), _text(expired.stderr)  # what it printed so far
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            proc.kill()
+        try:
+            proc.wait(timeout=self._kill_grace_s)
+            note = f"timed out after {_seconds(timeout)} and was killed"
         except subprocess.TimeoutExpired:
-            return CommandResult(argv, 124, "", f"timed out after {timeout:.0f} s")
-        return CommandResult(argv, proc.returncode, proc.stdout, proc.stderr)
+            # Uninterruptible sleep: the kill is pending until the kernel call returns, if it ever does.
+            note = (f"timed out after {_seconds(timeout)}; still not gone {_seconds(self._kill_grace_s)} after SIGKILL "
+                    f"(stuck in the kernel?): abandoned pid {proc.pid}")
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+        LOG.warning("`%s` %s", shlex.join(argv), note)
+        return CommandResult(argv, TIMED_OUT, stdout, (stderr + "\n" if stderr else "") + note)
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.0f} s" if value >= 10 else f"{value:.1g} s"
+
+
+def _text(output) -> str:
+    if output is None:
+        return ""
+    return output.decode(errors="replace") if isinstance(output, bytes) else output

@@ -1,7 +1,9 @@
 """Step 1, scratch: one fast scratch directory on the instance-store NVMe devices.
 
-The Deep Learning AMI already stripes the instance store at /opt/dlami/nvme before user-data runs on P5; then
-the scratch mount point becomes a symlink to it (a bind mount in fstab could bind the empty directory at boot,
+The Deep Learning AMI stripes the instance store itself (dlami-nvme.service: LVM vg.01/lv_ephemeral, ext4, at
+/opt/dlami/nvme; see dlami_nvme.py), racing user-data: when the service is still at work, the step waits for
+it (bounded), and devices in the AMI's volume group are the AMI's, not foreign. Its mount is then reused: the
+scratch mount point becomes a symlink to it (a bind mount in fstab could bind the empty directory at boot,
 before the DLAMI's own service has mounted the array, and silently fill the root volume). Otherwise the
 devices become one md RAID0 (one device: no RAID) with a stripe-aligned XFS, mounted noatime and persisted in
 fstab with nofail (an instance store is empty again after a stop/start, and boot must not hang on it).
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import os
 
+from node_bootstrap import dlami_nvme
 from node_bootstrap.config import NodeConfig
 from node_bootstrap.disks import (
     BlockDevice,
@@ -26,7 +29,7 @@ from node_bootstrap.disks import (
     scan_md_arrays,
 )
 from node_bootstrap.host import Host
-from node_bootstrap.mounts import FstabEntry, apply_fstab_entry, find_mount, fstab_has_entry, read_mounts
+from node_bootstrap.mounts import FstabEntry, find_mount, fstab_has_entry, persist_fstab_entry, read_mounts
 from node_bootstrap.plan import StepError, StepPlan, execute_plan
 from node_bootstrap.runner import Runner
 
@@ -39,12 +42,23 @@ FSTAB_OPTIONS = "defaults,noatime,nofail"
 CREATE, ASSEMBLE, READY = "create", "assemble", "ready"  # what the device or array needs
 
 
-def plan_scratch(config: NodeConfig, host: Host, runner: Runner) -> StepPlan:
+def plan_scratch(config: NodeConfig, host: Host, runner: Runner, *, waited_for_dlami: bool = False) -> StepPlan:
     plan = StepPlan("scratch")
     mount_point = config.scratch.mount_point
     dlami = find_mount(host, config.scratch.dlami_mount_point)
     if dlami is not None:
         _plan_dlami_reuse(plan, config, host, dlami.source)
+        return plan
+    unit = dlami_nvme.probe_unit(runner)
+    if unit is not None and unit.pending and not waited_for_dlami:
+        plan.note(f"{unit.describe()}: the AMI is setting up the instance store itself")
+
+        def wait_then_reuse() -> None:
+            dlami_nvme.wait_for_unit(runner)
+            execute_plan(plan_scratch(config, host, runner, waited_for_dlami=True), runner, dry_run=False)
+
+        plan.add(f"wait for the DLAMI's {dlami_nvme.UNIT} to finish (at most {dlami_nvme.WAIT_TIMEOUT_S:.0f} s), "
+                 f"then reuse its mount at {config.scratch.dlami_mount_point}", apply=wait_then_reuse)
         return plan
 
     devices = find_instance_store_devices(host, runner)
@@ -61,6 +75,12 @@ def plan_scratch(config: NodeConfig, host: Host, runner: Runner) -> StepPlan:
 
     mounts = read_mounts(host)
     usage = {d.name: probe_usage(host, runner, d, mounts) for d in devices}
+    lvm = [d for d in devices if usage[d.name].signature.get("TYPE") == dlami_nvme.LVM_MEMBER]
+    pv_groups = dlami_nvme.probe_pv_groups(host, runner) if lvm else {}
+    amis = [d for d in lvm if dlami_nvme.owned_by_dlami(host, usage[d.name], pv_groups, d)]
+    if amis:
+        _plan_dlami_volume(plan, config, host, runner, unit, amis, devices)
+        return plan
     if len(devices) == 1:
         target = devices[0].path
         state = _plan_single_device(devices[0], usage[devices[0].name])
@@ -99,6 +119,37 @@ def _plan_dlami_reuse(plan: StepPlan, config: NodeConfig, host: Host, source: st
     plan.add(f"link {mount_point} to the DLAMI's instance-store mount {dlami_mp}",
              apply=lambda: host.symlink(dlami_mp, mount_point))
     plan.verify = lambda: _verify_dlami_link(host, mount_point, dlami_mp)
+
+
+def _plan_dlami_volume(plan: StepPlan, config: NodeConfig, host: Host, runner: Runner,
+                       unit: dlami_nvme.UnitState | None, amis: list[BlockDevice],
+                       devices: list[BlockDevice]) -> None:
+    """The devices belong to the DLAMI's volume group but nothing is mounted: finish the AMI's mount, or say
+    exactly what is wrong. Never wipe the AMI's volume group here."""
+    dlami_mp = config.scratch.dlami_mount_point
+    state = unit.describe() if unit is not None else f"{dlami_nvme.UNIT} is not installed"
+    others = [d for d in devices if d not in amis]
+    if others:
+        raise StepError(f"{_paths(amis)} are in the DLAMI's volume group {dlami_nvme.VOLUME_GROUP} but "
+                        f"{_paths(others)} are not ({state}); the AMI's set-up is incomplete: see "
+                        f"`journalctl -u {dlami_nvme.UNIT}`")
+    plan.note(f"{_paths(amis)} are in the DLAMI's volume group {dlami_nvme.VOLUME_GROUP}, nothing is mounted at "
+              f"{dlami_mp}; {state}")
+    signature = probe_signature(runner, host.path(dlami_nvme.MAPPER_DEVICE)) \
+        if host.exists(dlami_nvme.MAPPER_DEVICE) else {}
+    if signature.get("TYPE") != "ext4":
+        raise StepError(
+            f"the instance store is in the DLAMI's volume group {dlami_nvme.VOLUME_GROUP}, but "
+            f"{dlami_nvme.MAPPER_DEVICE} holds no ext4 filesystem and {state}: the AMI's set-up did not finish "
+            f"(see `journalctl -u {dlami_nvme.UNIT}`). To hand the devices to node_bootstrap instead: "
+            f"`systemctl disable --now {dlami_nvme.UNIT}; vgremove -y {dlami_nvme.VOLUME_GROUP}; pvremove "
+            f"{' '.join(host.node_path(d.path) for d in amis)}`, then run the scratch step again"
+        )
+    plan.add(f"create the DLAMI's mount point {dlami_mp}", apply=lambda: host.makedirs(dlami_mp))
+    plan.add(f"mount the DLAMI's volume {dlami_nvme.MAPPER_DEVICE} at {dlami_mp} as its service would",
+             argv=("mount", "-t", "ext4", "-o", dlami_nvme.MOUNT_OPTIONS, host.path(dlami_nvme.MAPPER_DEVICE),
+                   host.path(dlami_mp)))
+    _plan_dlami_reuse(plan, config, host, dlami_nvme.MAPPER_DEVICE)
 
 
 def _verify_dlami_link(host: Host, mount_point: str, dlami_mp: str) -> None:
@@ -193,7 +244,7 @@ def _plan_filesystem_and_mount(plan: StepPlan, host: Host, runner: Runner, mount
                  argv=("mount", "-t", fstype or "auto", "-o", MOUNT_OPTIONS, target, host_mp))
 
     def persist() -> None:  # the UUID exists only once mkfs has run
-        apply_fstab_entry(host, _fstab_entry(runner, target, mount_point, fstype), "instance-store scratch")
+        persist_fstab_entry(host, runner, _fstab_entry(runner, target, mount_point, fstype), "instance-store scratch")
 
     if creating or not fstab_has_entry(host, _fstab_entry(runner, target, mount_point, fstype)):
         plan.add(f"persist {mount_point} in /etc/fstab by filesystem UUID ({FSTAB_OPTIONS})", apply=persist)
@@ -206,6 +257,10 @@ def _mkfs_command(runner: Runner, target: str, device_count: int):
         argv = ["mkfs.xfs", "-L", FS_LABEL]
         if device_count > 1:
             argv += ["-d", f"su={CHUNK_KIB}k,sw={device_count}"]  # mkfs.xfs(8): stripe unit and width
+            # The log stripe unit follows the data stripe unit, but may be at most 256 KiB (mkfs.xfs(8), -l su):
+            # with 512 KiB chunks mkfs.xfs warns and falls back to 32 KiB. Ask for 32 KiB (8 blocks) outright,
+            # as amazon-eks-ami's setup-local-disks does (`mkfs.xfs -l su=8b`).
+            argv += ["-l", "su=8b"]
         return "xfs", tuple(argv + [target])
     if runner.which("mkfs.ext4") is not None:
         stride_blocks = CHUNK_KIB // 4  # ext4 stride is in 4 KiB blocks (mke2fs(8) -E stride, stripe_width)

@@ -65,7 +65,7 @@ def render_env_file(env: dict[str, str]) -> str:
         "# Jobs load it with: set -a; . /etc/cluster/training.env; set +a",
     ]
     for key, value in env.items():
-        lines.append(f"{key}={value if _SAFE_VALUE.match(value) else _single_quote(value)}")
+        lines.append(f"{key}={value if _SAFE_VALUE.fullmatch(value) else _single_quote(value)}")
     return "\n".join(lines) + "\n"
 
 

@@ -8,6 +8,10 @@
 # cluster:bootstrap=failed with the reason and marks it Unhealthy so its Auto Scaling group replaces it:
 # a broken node is visible, never silent.
 #
+# Boot must end: node_bootstrap enforces its own deadline (node config bootstrap.deadlineSeconds), and this
+# shim stops waiting for it BOOTSTRAP_GRACE_S later whatever happens (a process stuck in the kernel cannot
+# even be killed), then reports the failure unless node_bootstrap already did (its marker file).
+#
 # CLUSTER_ROOT (unset on a node) prefixes every path, so tests run this script against a fake root.
 set -euo pipefail
 
@@ -21,6 +25,10 @@ BUNDLE_DIR=/opt/cluster/bundle
 NODE_CONFIG=/etc/cluster/node-config.json
 LOG_FILE=/var/log/cluster/bootstrap.log
 EXIT_SIGNALLED=3  # node_bootstrap run: failed, and it already tagged the instance and marked it Unhealthy
+SIGNALLED_MARKER=/var/lib/cluster/bootstrap-signalled  # written by node_bootstrap once it has signalled
+DEFAULT_DEADLINE_S=1200
+BOOTSTRAP_GRACE_S="${CLUSTER_BOOTSTRAP_GRACE_S:-120}"
+POLL_S=0.5
 
 STAGE="start"
 BOOTSTRAP_SIGNALLED=0
@@ -92,7 +100,9 @@ mkdir -p "$ROOT/var/log/cluster" "$ROOT/etc/cluster" "$ROOT/opt/cluster"
 STAGE="tag running"
 INSTANCE_ID="$(imds instance-id)"
 log "bootstrapping $INSTANCE_ID in $REGION; log: $LOG_FILE, CloudWatch $LOG_GROUP stream $INSTANCE_ID/bootstrap"
-aws ec2 create-tags --region "$REGION" --resources "$INSTANCE_ID" --tags Key=cluster:bootstrap,Value=running
+# Informational only: a node that cannot set this tag is still a good node (the ready/failed tags decide).
+aws ec2 create-tags --region "$REGION" --resources "$INSTANCE_ID" --tags Key=cluster:bootstrap,Value=running \
+  || log "could not tag $INSTANCE_ID cluster:bootstrap=running (not fatal); continuing"
 
 STAGE="download bundle"
 WORK_DIR="$(mktemp -d)"
@@ -113,15 +123,32 @@ NODE_CONFIG_EOF
 mv "$ROOT$NODE_CONFIG.new" "$ROOT$NODE_CONFIG"
 
 STAGE="node_bootstrap run"
+rm -f "$ROOT$SIGNALLED_MARKER"
+DEADLINE_S="$(python3 -c 'import json, sys; print(int(json.load(open(sys.argv[1]))["bootstrap"]["deadlineSeconds"]))' \
+  "$ROOT$NODE_CONFIG" 2>/dev/null || echo "$DEFAULT_DEADLINE_S")"
+LIMIT_S=$((DEADLINE_S + BOOTSTRAP_GRACE_S))
 set +e
 if [ -n "$ROOT" ]; then
-  PYTHONPATH="$ROOT$BUNDLE_DIR" python3 -m node_bootstrap run --config "$NODE_CONFIG" --root "$ROOT"
+  PYTHONPATH="$ROOT$BUNDLE_DIR" python3 -m node_bootstrap run --config "$NODE_CONFIG" --root "$ROOT" &
 else
-  PYTHONPATH="$BUNDLE_DIR" python3 -m node_bootstrap run --config "$NODE_CONFIG"
+  PYTHONPATH="$BUNDLE_DIR" python3 -m node_bootstrap run --config "$NODE_CONFIG" &
 fi
-rc=$?
+BOOTSTRAP_PID=$!
+START_S=$SECONDS
+while kill -0 "$BOOTSTRAP_PID" 2>/dev/null && [ $((SECONDS - START_S)) -lt "$LIMIT_S" ]; do
+  sleep "$POLL_S"
+done
+if kill -0 "$BOOTSTRAP_PID" 2>/dev/null; then
+  # Past its own deadline and the grace: kill it, and do not wait for it (it may never die).
+  kill -KILL "$BOOTSTRAP_PID" 2>/dev/null
+  log "node_bootstrap (pid $BOOTSTRAP_PID) still ran ${LIMIT_S} s after it started: killed and abandoned"
+  rc=124
+else
+  wait "$BOOTSTRAP_PID"
+  rc=$?
+fi
 set -e
-if [ "$rc" -eq "$EXIT_SIGNALLED" ]; then
+if [ "$rc" -eq "$EXIT_SIGNALLED" ] || [ -e "$ROOT$SIGNALLED_MARKER" ]; then
   BOOTSTRAP_SIGNALLED=1
 fi
 if [ "$rc" -ne 0 ]; then

@@ -6,46 +6,20 @@ wildcard they accept, so a new wildcard elsewhere still fails the nag test.
 
 from __future__ import annotations
 
-import re
-
 from aws_cdk import Stack
 from cdk_nag import NagPackSuppression, NagSuppressions, RegexAppliesTo
 
-_BUCKET_OBJECTS = RegexAppliesTo(regex=r"/^Resource::<Storage(Data|Checkpoint)Bucket[0-9A-F]{8}\.Arn>\/\*$/")
-_ASSET_OBJECTS = RegexAppliesTo(regex=r"/^Resource::arn:[^:]+:s3:::cdk-[a-z0-9]+-assets-.*\/\*$/")
-_S3_GRANT_ACTIONS = RegexAppliesTo(regex=r"/^Action::s3:(GetBucket|GetObject|List|Abort|DeleteObject)\*$/")
-
-
-def _imported_bucket_objects(stack: Stack) -> list[RegexAppliesTo]:
-    storage = stack.settings.storage  # type: ignore[attr-defined]
-    names = [re.escape(n) for n in (storage.data_bucket_name, storage.checkpoint_bucket_name) if n]
-    if not names:
-        return []
-    return [RegexAppliesTo(regex=rf"/^Resource::arn:[^:]+:s3:::({'|'.join(names)})\/\*$/")]
-
 
 def _node_role_suppressions(stack: Stack) -> None:
-    path = f"/{stack.stack_name}/Nodes/Role"
     NagSuppressions.add_resource_suppressions_by_path(
         stack,
-        f"{path}/Resource",
-        [
-            NagPackSuppression(
-                id="AwsSolutions-IAM4",
-                reason="AmazonSSMManagedInstanceCore is the AWS-maintained minimum for the SSM agent; jobs reach the "
-                "nodes only through SSM Run Command (no SSH, no public IPs).",
-                applies_to=["Policy::arn:<AWS::Partition>:iam::aws:policy/AmazonSSMManagedInstanceCore"],
-            ),
-        ],
-    )
-    NagSuppressions.add_resource_suppressions_by_path(
-        stack,
-        f"{path}/DefaultPolicy/Resource",
+        f"/{stack.stack_name}/Nodes/Role/DefaultPolicy/Resource",
         [
             NagPackSuppression(
                 id="AwsSolutions-IAM5",
-                reason="Log streams are created at run time per instance and per job; the grant is limited to the "
-                "cluster's own log group.",
+                reason="The node role's wildcard log-stream grant: logs:CreateLogStream, PutLogEvents and "
+                "DescribeLogStreams on any stream of the cluster's own log group (streams are named per instance and "
+                "per job at run time); no other log group.",
                 applies_to=[
                     RegexAppliesTo(
                         regex=r"/^Resource::<ObservabilityLogGroup[0-9A-F]{8}\.Arn>:log-stream:\*$/"
@@ -54,38 +28,36 @@ def _node_role_suppressions(stack: Stack) -> None:
             ),
             NagPackSuppression(
                 id="AwsSolutions-IAM5",
-                reason="cloudwatch:PutMetricData and ec2:DescribeTags have no resource-level permissions; a "
-                "cloudwatch:namespace condition limits metrics to the agent's and the trainer's namespaces, "
-                "and DescribeTags only reads.",
+                reason="Resource * for actions with no resource-level permission: the SSM Agent's "
+                "ssm:UpdateInstanceInformation, ssmmessages:Create/OpenControlChannel, Create/OpenDataChannel and "
+                "ec2messages:AcknowledgeMessage, DeleteMessage, FailMessage, GetEndpoint, GetMessages, SendReply "
+                "(Run Command and Session Manager only: no parameter, document or inventory access); "
+                "cloudwatch:PutMetricData, limited by a cloudwatch:namespace condition to CWAgent and "
+                "TrainingCluster; and ec2:DescribeTags and autoscaling:DescribeTags, which read the tags of any "
+                "instance and any Auto Scaling group in the Region.",
                 applies_to=["Resource::*"],
             ),
             NagPackSuppression(
                 id="AwsSolutions-IAM5",
-                reason="Instance ids are not known at deploy time; conditions limit ec2:CreateTags to instances of "
-                "this cluster's Auto Scaling group and to the two bootstrap readiness tag keys.",
+                reason="ec2:CreateTags and DeleteTags on any instance tagged aws:autoscaling:groupName=<this "
+                "cluster's group> (condition), for the keys cluster:bootstrap and cluster:bootstrap-reason only: a "
+                "node may set or clear those two tags on any node of its own group, not only on itself (IAM has no "
+                "documented way to match the target instance to the caller's ec2:SourceInstanceARN).",
                 applies_to=[RegexAppliesTo(regex=r"/^Resource::arn:[^:]+:ec2:.*:instance\/\*$/")],
             ),
             NagPackSuppression(
                 id="AwsSolutions-IAM5",
-                reason="An Auto Scaling group ARN contains a generated id; the group name part is fixed, so a node "
-                "can only set health in its own group.",
+                reason="On this cluster's Auto Scaling group only (the wildcard is the group ARN's generated id): "
+                "autoscaling:SetInstanceHealth, so a node may mark any instance of its own group Unhealthy (the "
+                "action's resource is the group: IAM cannot narrow it to the calling instance); "
+                "autoscaling:SuspendProcesses, any process of its own group (protected mode suspends "
+                "ReplaceUnhealthy); CreateOrUpdateTags and DeleteTags for the protected-mode tag keys only "
+                "(aws:TagKeys condition). Nothing on another group.",
                 applies_to=[
                     RegexAppliesTo(
                         regex=r"/^Resource::arn:[^:]+:autoscaling:.*:autoScalingGroup\/"
                         r"\*:autoScalingGroupName\/.*-nodes$/"
                     )
-                ],
-            ),
-            NagPackSuppression(
-                id="AwsSolutions-IAM5",
-                reason="CDK grant_read/grant_read_write action groups on the cluster's own data and checkpoint "
-                "buckets (created or imported by name) and on the node bundle asset object: nodes read data, "
-                "write checkpoints, and download their bootstrap bundle.",
-                applies_to=[
-                    _S3_GRANT_ACTIONS,
-                    _BUCKET_OBJECTS,
-                    _ASSET_OBJECTS,
-                    *_imported_bucket_objects(stack),
                 ],
             ),
         ],
@@ -99,25 +71,31 @@ def _operator_policy_suppressions(stack: Stack) -> None:
         [
             NagPackSuppression(
                 id="AwsSolutions-IAM5",
-                reason="SSM command reads, Auto Scaling/EC2 Describe*, Capacity Block offerings, Service Quotas "
-                "reads and CloudWatch GetMetricData/ListMetrics take no resource ARN (Service Authorization "
-                "Reference); they are read-only.",
+                reason="Resource * for read-only actions that take no resource ARN: ssm:GetCommandInvocation, "
+                "ListCommandInvocations and ListCommands (any command in the account and Region), "
+                "autoscaling:DescribeAutoScalingGroups, ec2:DescribeInstances, DescribeInstanceTypes, "
+                "DescribeCapacityReservations, DescribeCapacityBlockOfferings, servicequotas:GetServiceQuota, "
+                "GetAWSDefaultServiceQuota, cloudwatch:GetMetricData and ListMetrics.",
                 applies_to=["Resource::*"],
             ),
             NagPackSuppression(
                 id="AwsSolutions-IAM5",
-                reason="ssm:SendCommand to instances is limited by condition to those tagged with this cluster's "
-                "Auto Scaling group name; instance ids change as nodes are replaced.",
+                reason="ssm:SendCommand to any instance whose aws:autoscaling:groupName tag is this cluster's group "
+                "(condition), and only with this stack's jobs document (a separate statement); instance ids "
+                "change as nodes are replaced.",
                 applies_to=[RegexAppliesTo(regex=r"/^Resource::arn:[^:]+:ec2:.*:instance\/\*$/")],
             ),
             NagPackSuppression(
                 id="AwsSolutions-IAM5",
-                reason="ec2:PurchaseCapacityBlock creates a reservation whose id does not exist before the purchase.",
+                reason="ec2:PurchaseCapacityBlock on any capacity reservation of the account and Region: an "
+                "operator can buy any Capacity Block offering (it spends money; clusterctl asks first). The "
+                "reservation id does not exist before the purchase, so no narrower ARN can be named.",
                 applies_to=[RegexAppliesTo(regex=r"/^Resource::arn:[^:]+:ec2:.*:capacity-reservation\/\*$/")],
             ),
             NagPackSuppression(
                 id="AwsSolutions-IAM5",
-                reason="A stack ARN ends in a generated id; the stack name part is fixed to this stack.",
+                reason="cloudformation:DescribeStacks on this stack's name with any stack id (the ARN ends in a "
+                "generated id): reads its outputs, including those of a later redeploy under the same name.",
                 applies_to=[RegexAppliesTo(regex=r"/^Resource::arn:[^:]+:cloudformation:.*:stack\/.*\/\*$/")],
             ),
         ],

@@ -12,7 +12,18 @@ from typing import Any
 BUCKET = re.compile(r"^(?!xn--)(?!.*\.\.)[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 MOUNT_POINT = re.compile(r"^/[A-Za-z0-9_./-]*[A-Za-z0-9_]$")
-TAG_KEY = re.compile(r"^(?!aws:)[\w .:/=+@-]{1,128}$")
+# Tag keys and values: the characters every AWS service accepts (letters, digits and spaces representable in
+# UTF-8, and _ . : / = + - @), keys 1-128 and values 0-256 characters (Tagging AWS Resources, "Tag naming limits
+# and requirements"). EC2 alone allows more, but the stack's tags land on S3, FSx, Logs, SNS and KMS too.
+TAG_CHARACTERS = r"[\w .:/=+@-]"
+TAG_KEY = re.compile(TAG_CHARACTERS + r"{1,128}")
+TAG_VALUE = re.compile(TAG_CHARACTERS + r"{0,256}")
+# A resource holds at most 50 user tags; every node also carries Name, cluster:bootstrap and
+# cluster:bootstrap-reason, so the stack's own tags may take 47.
+MAX_TAGS = 47
+# "aws:" keys are AWS's (any case); "cluster:" keys are the nodes' readiness contract (a propagated
+# cluster:bootstrap=ready would make a booting node look ready).
+RESERVED_TAG_PREFIXES = ("aws:", "cluster:")
 
 
 class SettingsError(ValueError):
@@ -76,7 +87,7 @@ def timestamp(key: str, value: Any) -> dt.datetime | None:
 
 def mount_point(key: str, value: Any) -> str:
     text = string(key, value)
-    if not MOUNT_POINT.match(text) or "/../" in text + "/" or text in ("/", "/boot", "/etc", "/usr", "/var"):
+    if not MOUNT_POINT.fullmatch(text) or "/../" in text + "/" or text in ("/", "/boot", "/etc", "/usr", "/var"):
         raise invalid(
             key, value, "must be an absolute directory path such as /scratch, not a system directory"
         )
@@ -85,7 +96,7 @@ def mount_point(key: str, value: Any) -> str:
 
 def bucket(key: str, value: Any) -> str | None:
     text = string(key, value, optional=True)
-    if text is not None and (not BUCKET.match(text) or re.fullmatch(r"\d+\.\d+\.\d+\.\d+", text)):
+    if text is not None and (not BUCKET.fullmatch(text) or re.fullmatch(r"\d+\.\d+\.\d+\.\d+", text)):
         raise invalid(key, value, "must be an S3 bucket name (3-63 lowercase letters, digits, dots, hyphens)")
     return text
 
@@ -107,20 +118,29 @@ def tags(key: str, value: Any) -> dict[str, str]:
             value = dict(p.split("=", 1) for p in pairs)
     if not isinstance(value, dict):
         raise invalid(key, value, "must be an object of tag keys to values")
+    if len(value) > MAX_TAGS:
+        raise invalid(key, f"{len(value)} tags", f"at most {MAX_TAGS} tags (a resource holds 50; nodes add 3)")
     tags = {}
-    for tag_key, tag_value in value.items():
-        tag_key = str(tag_key).strip()
-        if (
-            not TAG_KEY.match(tag_key)
-            or not isinstance(tag_value, str | int | float)
-            or len(str(tag_value)) > 256
-        ):
+    for raw_key, raw_value in value.items():
+        tag_key = str(raw_key).strip()
+        if not TAG_KEY.fullmatch(tag_key):
+            raise invalid(
+                f"{key} key",
+                tag_key,
+                "1-128 characters: letters, digits, spaces and _ . : / = + - @",
+            )
+        if tag_key.lower().startswith(RESERVED_TAG_PREFIXES):
+            raise invalid(f"{key} key", tag_key, "must not start with aws: or cluster: (reserved)")
+        if isinstance(raw_value, bool) or not isinstance(raw_value, str | int | float):
+            raise invalid(f"{key}.{tag_key}", raw_value, "must be a string")
+        tag_value = str(raw_value).strip()
+        if not TAG_VALUE.fullmatch(tag_value):
             raise invalid(
                 f"{key}.{tag_key}",
                 tag_value,
-                "tag keys: 1-128 characters not starting with aws:, values: up to 256 characters",
+                "0-256 characters: letters, digits, spaces and _ . : / = + - @",
             )
-        tags[tag_key] = str(tag_value).strip()
+        tags[tag_key] = tag_value
     return tags
 
 
@@ -147,6 +167,6 @@ def int_or_raw(value: Any) -> Any:
 
 def email(value: Any) -> str | None:
     text = string("alarmEmail", value, optional=True)
-    if text is not None and not EMAIL.match(text):
+    if text is not None and not EMAIL.fullmatch(text):
         raise invalid("alarmEmail", value, "must be an email address")
     return text

@@ -66,6 +66,7 @@ SETTING_KEYS = (
     "dataBucketName",
     "checkpointBucketName",
     "checkpointVersionRetentionDays",
+    "dataVersionRetentionDays",
     "logRetentionDays",
     "alarmEmail",
     "metricsIntervalSeconds",
@@ -75,6 +76,9 @@ SETTING_KEYS = (
     "stragglerMarginPercent",
     "efaErrorAlarm",
     "budgetUsd",
+    "bootstrapTimeoutMinutes",
+    "protectedModeFailures",
+    "protectedModeWindowMinutes",
     "tags",
 )
 
@@ -83,6 +87,14 @@ FSX_THROUGHPUTS_MBPS_PER_TIB = (125, 250, 500, 1000)
 # high-resolution custom metrics, which cost more (CloudWatch pricing); above 300 s the 30-minute idle alarm
 # would judge on too few samples.
 METRICS_INTERVALS_SECONDS = (10, 30, 60, 120, 300)
+# FSx for Lustre's default PERSISTENT_2 storage quota per account and Region is 100,800 GiB, shared by all its
+# file systems (FSx for Lustre User Guide, "Service quotas"), and SageMaker HyperPod's FSxLustreConfig caps
+# SizeInGiB at the same figure. A larger value fails late, at deploy, after the network is built: raise the quota
+# with AWS Support first, then this constant.
+FSX_MAX_STORAGE_GIB = 100_800
+# Availability Zone names are the Region code and one letter; us-east-1 has the most zones, a to f (Regions and
+# Zones, "Availability Zones"). Local and Wavelength Zones (us-east-1-bos-1a) have no P instances.
+_AZ_LETTERS = "abcdef"
 # CloudWatch Logs accepts exactly these retention periods.
 LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 3653)
 
@@ -140,6 +152,7 @@ class StorageSettings:
     data_bucket_name: str | None  # import this bucket instead of creating one
     checkpoint_bucket_name: str | None
     checkpoint_version_retention_days: int  # noncurrent checkpoint object versions expire after this
+    data_version_retention_days: int  # noncurrent data object versions (overwritten or deleted) expire after this
 
     @property
     def fsx_throughput_gbps(self) -> float:
@@ -161,6 +174,19 @@ class ObservabilitySettings:
 
 
 @dataclass(frozen=True)
+class BootstrapSettings:
+    """How long a node may take to boot, and when failing nodes stop being replaced (protected mode)."""
+
+    timeout_minutes: int  # the whole node bootstrap; past it the node is marked failed with the reason
+    protected_mode_failures: int  # this many bootstrap failures in a row, for the same reason, ...
+    protected_mode_window_minutes: int  # ... within this window suspend the group's ReplaceUnhealthy
+
+    @property
+    def timeout_seconds(self) -> int:
+        return self.timeout_minutes * 60
+
+
+@dataclass(frozen=True)
 class ClusterSettings:
     region: str
     network: NetworkSettings
@@ -169,6 +195,7 @@ class ClusterSettings:
     storage: StorageSettings
     observability: ObservabilitySettings
     tags: Mapping[str, str]
+    bootstrap: BootstrapSettings
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -194,7 +221,7 @@ def load_settings(
     now = now or dt.datetime.now(dt.UTC)
 
     region = string("region", context("region"))
-    if not _REGION.match(region):
+    if not _REGION.fullmatch(region):
         raise invalid("region", region, "must be an AWS region code such as us-east-1")
 
     network = _network_settings(context, region)
@@ -220,8 +247,14 @@ def load_settings(
         efa_error_alarm=boolean("efaErrorAlarm", context("efaErrorAlarm")),
         budget_usd=usd("budgetUsd", context("budgetUsd")),
     )
-    if storage.fsx_efa_enabled and not compute.instance_type.efa_interfaces:
-        raise invalid("fsxEfaEnabled", True, f"needs an EFA instance type, not {compute.instance_type.name}")
+    if storage.fsx_efa_enabled and not compute.instance_type.fsx_efa_client:
+        clients = ", ".join(sorted(t.name for t in INSTANCE_TYPES.values() if t.fsx_efa_client))
+        raise invalid(
+            "fsxEfaEnabled",
+            True,
+            f"FSx for Lustre supports EFA clients on Nitro v4+ instance types ({clients}), "
+            f"not {compute.instance_type.name}",
+        )
     return ClusterSettings(
         region=region,
         network=network,
@@ -230,6 +263,7 @@ def load_settings(
         storage=storage,
         observability=observability,
         tags=tags("tags", context("tags")),
+        bootstrap=_bootstrap_settings(context),
     )
 
 
@@ -246,8 +280,12 @@ def _reject_unknown_keys(all_keys: Mapping[str, Any]) -> None:
 
 def _network_settings(context: Callable[[str], Any], region: str) -> NetworkSettings:
     az = string("availabilityZone", context("availabilityZone"))
-    if not re.fullmatch(re.escape(region) + r"[a-z]", az):
-        raise invalid("availabilityZone", az, f"must be a zone of region {region}, e.g. {region}a")
+    if not re.fullmatch(re.escape(region) + f"[{_AZ_LETTERS}]", az):
+        raise invalid(
+            "availabilityZone",
+            az,
+            f"must be a zone of region {region}: {region} and one letter a-f, e.g. {region}a",
+        )
     cidr = string("vpcCidr", context("vpcCidr"))
     try:
         network = ipaddress.IPv4Network(cidr)
@@ -265,7 +303,7 @@ def _compute_settings(context: Callable[[str], Any]) -> ComputeSettings:
     if name not in INSTANCE_TYPES:
         raise invalid("instanceType", name, "allowed: " + ", ".join(sorted(INSTANCE_TYPES)))
     ami_parameter = string("amiParameter", context("amiParameter"))
-    if not _SSM_PARAMETER.match(ami_parameter):
+    if not _SSM_PARAMETER.fullmatch(ami_parameter):
         raise invalid(
             "amiParameter",
             ami_parameter,
@@ -285,7 +323,7 @@ def _capacity_settings(
 ) -> CapacitySettings:
     mode = CapacityMode(choice("capacityMode", context("capacityMode"), tuple(m.value for m in CapacityMode)))
     reservation_id = string("capacityReservationId", context("capacityReservationId"), optional=True)
-    if reservation_id is not None and not _RESERVATION_ID.match(reservation_id):
+    if reservation_id is not None and not _RESERVATION_ID.fullmatch(reservation_id):
         raise invalid("capacityReservationId", reservation_id, "must look like cr-0123456789abcdef0")
     raw_count = context("reservationInstanceCount")
     count = None if raw_count in (None, "") else integer("reservationInstanceCount", raw_count, minimum=1)
@@ -333,7 +371,15 @@ def _capacity_settings(
         )
     if end is not None and end <= now:
         raise invalid("reservationEndDate", end.isoformat(), "must be in the future")
-    if mode is CapacityMode.CAPACITY_BLOCK and end is not None and end - CAPACITY_BLOCK_SCALE_IN_LEAD <= now:
+    if mode is CapacityMode.CAPACITY_BLOCK and end is None:
+        # Without the end there is no scale-in, and EC2 reclaims the nodes at the block's end with no SIGTERM
+        # lead for the trainer to checkpoint.
+        raise SettingsError(
+            "capacityMode='capacity-block' needs reservationEndDate (the block's end, as "
+            "`clusterctl capacity list` prints it): nodes are scaled in 40 minutes before it so the trainer "
+            "checkpoints"
+        )
+    if mode is CapacityMode.CAPACITY_BLOCK and end - CAPACITY_BLOCK_SCALE_IN_LEAD <= now:
         raise invalid(
             "reservationEndDate",
             end.isoformat(),
@@ -353,8 +399,33 @@ def _capacity_settings(
     )
 
 
+def _bootstrap_settings(context: Callable[[str], Any]) -> BootstrapSettings:
+    timeout = integer("bootstrapTimeoutMinutes", context("bootstrapTimeoutMinutes"), minimum=5, maximum=120)
+    window = integer("protectedModeWindowMinutes", context("protectedModeWindowMinutes"), minimum=5, maximum=1440)
+    if window < timeout:
+        raise invalid(
+            "protectedModeWindowMinutes",
+            window,
+            f"must be >= bootstrapTimeoutMinutes={timeout}: a window shorter than one boot never sees a streak",
+        )
+    return BootstrapSettings(
+        timeout_minutes=timeout,
+        protected_mode_failures=integer(
+            "protectedModeFailures", context("protectedModeFailures"), minimum=1, maximum=100
+        ),
+        protected_mode_window_minutes=window,
+    )
+
+
 def _storage_settings(context: Callable[[str], Any]) -> StorageSettings:
     storage_gib = integer("fsxStorageGiB", context("fsxStorageGiB"), minimum=1)
+    if storage_gib > FSX_MAX_STORAGE_GIB:
+        raise invalid(
+            "fsxStorageGiB",
+            storage_gib,
+            f"must be at most {FSX_MAX_STORAGE_GIB}, the default FSx for Lustre PERSISTENT_2 storage quota "
+            "per account and Region",
+        )
     # PERSISTENT_2 file systems come in 1.2 TiB or increments of 2.4 TiB (FSx for Lustre API,
     # CreateFileSystem StorageCapacity).
     if storage_gib != 1200 and storage_gib % 2400 != 0:
@@ -370,5 +441,8 @@ def _storage_settings(context: Callable[[str], Any]) -> StorageSettings:
         checkpoint_bucket_name=bucket("checkpointBucketName", context("checkpointBucketName")),
         checkpoint_version_retention_days=integer(
             "checkpointVersionRetentionDays", context("checkpointVersionRetentionDays"), minimum=1
+        ),
+        data_version_retention_days=integer(
+            "dataVersionRetentionDays", context("dataVersionRetentionDays"), minimum=1
         ),
     )

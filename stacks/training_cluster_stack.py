@@ -1,7 +1,8 @@
 """TrainingClusterStack: wires the cluster's constructs together; every decision lives in a construct.
 
 Build order: observability (log group, alarm topic) -> network -> capacity -> storage -> the node bundle and
-user-data -> nodes -> jobs document -> alarms -> dashboard -> outputs -> cdk-nag suppressions.
+user-data -> nodes -> jobs document -> alarms -> dashboard -> outputs -> cdk-nag suppressions and checkov
+exceptions.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from aws_cdk import CfnOutput, Stack, Tags
+from aws_cdk import Aws, CfnOutput, Fn, Stack, Tags
 from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_s3_assets as s3_assets
@@ -24,6 +25,7 @@ from cluster_constructs.network import ClusterNetwork
 from cluster_constructs.node_config import BUNDLE_DIR, render_node_config
 from cluster_constructs.observability import ClusterObservability, retention_days
 from cluster_constructs.storage import ClusterStorage
+from stacks.checkov_exceptions import apply_checkov_exceptions
 from stacks.nag_suppressions import apply_nag_suppressions
 from stacks.settings import CAPACITY_BLOCK_SCALE_IN_LEAD, CapacityMode, ClusterSettings
 
@@ -42,7 +44,7 @@ class TrainingClusterStack(Stack):
             self,
             "Observability",
             settings=settings.observability,
-            log_group_name=f"/training-cluster/{construct_id}",
+            log_group_name=unique_log_group_name(construct_id),
         )
         network = ClusterNetwork(
             self,
@@ -68,6 +70,8 @@ class TrainingClusterStack(Stack):
             subnet=subnet,
             security_group=network.file_system_security_group,
         )
+        # The file system is retained on `cdk destroy`; so must be the network it still sits in.
+        network.retain_for_file_system()
 
         # A private staging directory per synthesis (two synths at once must not share one); CDK copies the
         # asset into cdk.out as the Asset is constructed, so the directory can go right after.
@@ -79,10 +83,11 @@ class TrainingClusterStack(Stack):
             compute=compute,
             storage=settings.storage,
             observability=settings.observability,
-            auto_scaling_group_name=group_name,
             file_system_dns_name=storage.dns_name,
             file_system_mount_name=storage.mount_name,
             log_group_name=observability.log_group.log_group_name,
+            bootstrap=settings.bootstrap,
+            auto_scaling_group_name=group_name,
         )
         user_data = ec2.UserData.custom(
             render_user_data(
@@ -109,9 +114,10 @@ class TrainingClusterStack(Stack):
             group_name=group_name,
             desired_capacity=0 if starts_later else compute.node_count,
         )
-        bundle.grant_read(nodes.role)
-        storage.data_bucket.grant_read_write(nodes.role)
-        storage.checkpoint_bucket.grant_read_write(nodes.role)
+        # The bundle object only, not the CDK assets bucket (every asset of every stack in the account and Region).
+        # No grant on the data and checkpoint buckets: the nodes reach both through Lustre, and the export to S3 is
+        # the file system's doing, so a compromised node cannot delete or rewrite S3 objects.
+        nodes.allow_object_download(bucket_name=bundle.s3_bucket_name, object_key=bundle.s3_object_key)
         nodes.auto_scaling_group.notification_configurations = [
             autoscaling.CfnAutoScalingGroup.NotificationConfigurationProperty(
                 topic_arn=observability.alarm_topic.topic_arn,
@@ -135,6 +141,7 @@ class TrainingClusterStack(Stack):
             bundle_dir=BUNDLE_DIR,
         )
         observability.add_node_alarm(auto_scaling_group_name=group_name)
+        observability.add_protected_mode_alarm(auto_scaling_group_name=group_name)
         observability.add_file_system_alarm(
             file_system_id=storage.file_system.ref, storage_capacity_gib=settings.storage.fsx_storage_gib
         )
@@ -163,6 +170,10 @@ class TrainingClusterStack(Stack):
             "FileSystemId": storage.file_system.ref,
             "FileSystemDnsName": storage.dns_name,
             "FileSystemMountName": storage.mount_name,
+            # What a retained file system still uses after `cdk destroy`: note them first (docs/operations.md).
+            "VpcId": network.vpc.vpc_id,
+            "FileSystemSubnetId": subnet.subnet_id,
+            "FileSystemSecurityGroupId": network.file_system_security_group.security_group_id,
             "AutoScalingGroupName": nodes.auto_scaling_group.ref,
             "LaunchTemplateId": nodes.launch_template.ref,
             "LogGroupName": observability.log_group.log_group_name,
@@ -184,6 +195,7 @@ class TrainingClusterStack(Stack):
         for key, value in settings.tags.items():
             Tags.of(self).add(key, value)
         apply_nag_suppressions(self)
+        apply_checkov_exceptions(self)
         self._quiet_cdk_internal_lint()
 
     def _quiet_cdk_internal_lint(self) -> None:
@@ -216,6 +228,17 @@ class TrainingClusterStack(Stack):
                 max_size=size,
                 desired_capacity=size,
             )
+
+
+def unique_log_group_name(stack_name: str) -> str:
+    """`/training-cluster/<stack name>/<stack id's UUID>`: readable, and new for every deployment of the stack.
+
+    The log group is retained when the stack is deleted (job logs are a run's record). A fixed name would make the
+    next `cdk deploy` of the same stack fail with "already exists"; the UUID of the stack id is new for each
+    creation, so a redeploy after `cdk destroy` gets a group of its own and the old one stays readable.
+    """
+    stack_uuid = Fn.select(2, Fn.split("/", Aws.STACK_ID))  # arn:...:stack/<name>/<uuid>
+    return Fn.join("", [f"/training-cluster/{stack_name}/", stack_uuid])
 
 
 def render_user_data(

@@ -84,22 +84,16 @@ STACK_VARIANTS: dict[str, dict[str, str]] = {
         "budgetUsd": "250000",
         "metricsIntervalSeconds": "30",
     },
-    "p4d-isolated-efa-fsx": {
+    "p4d-isolated": {
         "instanceType": "p4d.24xlarge",
         "natGateway": "false",
-        "fsxEfaEnabled": "true",
         "fsxStorageGiB": "1200",
         "fsxThroughputPerTiB": "125",
         "region": "us-west-2",
         "availabilityZone": "us-west-2b",
     },
-    "p6-b200": {
-        "instanceType": "p6-b200.48xlarge",
-        "nodeCount": "1",
-        "idleGpuAlarm": "false",
-        "stragglerAlarm": "false",
-        "efaErrorAlarm": "false",
-    },
+    "p6-b200-efa-fsx": {"instanceType": "p6-b200.48xlarge", "nodeCount": "1", "fsxEfaEnabled": "true",
+                        "idleGpuAlarm": "false", "stragglerAlarm": "false", "efaErrorAlarm": "false"},
 }
 
 

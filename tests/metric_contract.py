@@ -99,6 +99,18 @@ def emf_published(lines: Iterable[str]) -> set[Metric]:
     }
 
 
+def cli_published(argvs: Iterable[tuple[str, ...]]) -> set[Metric]:
+    """Metrics put with `aws cloudwatch put-metric-data --namespace N --metric-name M --dimensions K=V,...`."""
+    found: set[Metric] = set()
+    for argv in argvs:
+        if tuple(argv[:3]) != ("aws", "cloudwatch", "put-metric-data"):
+            continue
+        option = {argv[i]: argv[i + 1] for i in range(3, len(argv) - 1) if argv[i].startswith("--")}
+        dims = frozenset(pair.split("=", 1)[0] for pair in option.get("--dimensions", "").split(",") if pair)
+        found.add((option["--namespace"], option["--metric-name"], dims))
+    return found
+
+
 def aws_published(template: dict[str, Any]) -> set[Metric]:
     """AWS metrics the template's resources make available: Auto Scaling group metrics when the group collects
     them (EC2 Auto Scaling User Guide, "Monitor CloudWatch metrics for your Auto Scaling groups"), and FSx for

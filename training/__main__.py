@@ -41,6 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto (default): continue from the newest complete checkpoint under checkpoint.dir, if any; "
         "none: start fresh; PATH: load that checkpoint directory (step-<N>), which must be complete",
     )
+    parser.add_argument(
+        "--resume-from-dir", metavar="DIR",
+        help="with --resume auto: when checkpoint.dir holds no complete checkpoint, start from the newest "
+        "complete one in DIR (another job's checkpoint directory; saves still go to checkpoint.dir)",
+    )
     return parser
 
 
@@ -60,9 +65,11 @@ def main(argv: list[str] | None = None) -> int:
         from training.config import load_config
 
         cfg = load_config(args.config, args.overrides)
+        from training.resume_from import resume_with_fallback
         from training.train import train  # torch and the model load only after the config is valid
 
-        result = train(cfg, resume=args.resume)
+        resume = resume_with_fallback(args.resume, cfg.checkpoint.dir, args.resume_from_dir)
+        result = train(cfg, resume=resume)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return EXIT_CONFIG

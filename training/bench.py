@@ -1,6 +1,8 @@
 """``python -m training.bench``: tokens/s, model TFLOP/s, MFU and peak memory of full training steps
-(forward + backward + AdamW step) for the FP8 backends none, torchao and te, on the same model and shapes in
-one run.
+(forward + backward + gradient clipping + AdamW step, the training loop's own functions) for the FP8
+backends none, torchao (each recipe) and te, on the same model and shapes in one run; with
+``--compare-torchtitan`` the same rows trained by torchtitan's own Llama 3 model and float8 converter
+(training.bench_torchtitan), and our tokens/s over theirs.
 
 Each backend gets a fresh model built in the training order (meta device -> FP8 conversion -> activation
 checkpointing -> compile -> FSDP2 on a one-rank mesh -> to_empty -> init_weights -> AdamW), then runs
@@ -10,6 +12,9 @@ CPU. FLOPs per token follow training.model.flops_per_token (attention counted), 
 dense BF16 peak from the instance catalog, also for the FP8 backends, so the columns compare directly.
 On a CPU it runs the tiny preset by default, with torchao in emulate mode (a smoke test of the path, not a
 speed measurement).
+
+Rows are named by backend and recipe: ``none``, ``torchao-tensorwise``, ``torchao-rowwise``, ``te-delayed``,
+``te-current``; torchtitan's rows carry a ``titan:`` prefix.
 """
 
 from __future__ import annotations
@@ -25,12 +30,20 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
+from training.bench_torchtitan import build_torchtitan_model, torchtitan_version
+from training.config_sections import BACKENDS, TE_RECIPES, TORCHAO_RECIPES
 from training.errors import ConfigError
-from training.fp8 import BACKENDS, Fp8Config, build_fp8_backend
+from training.fp8 import Fp8Config, build_fp8_backend
 from training.hardware import device_name, peak_bf16_tflops_per_gpu
-from training.model import MODEL_PRESETS, build_model_config, count_params, flops_per_token
+from training.model import (
+    MODEL_PRESETS,
+    SDPA_PRIORITIES,
+    build_model_config,
+    count_params,
+    flops_per_token,
+    set_sdpa_priority,
+)
 from training.optim import OptimConfig, build_optimizer
 from training.parallelize import (
     DistInfo,
@@ -38,16 +51,30 @@ from training.parallelize import (
     destroy_distributed,
     init_distributed,
 )
-from training.train import build_model
+from training.train import _forward_backward, build_model, clip_grad_norm_
 
 GIB = 1024**3
 
 
+@dataclass(frozen=True)
+class Variant:
+    """What one row trains: whose model (ours or torchtitan's), which FP8 backend, which scaling recipe."""
+
+    backend: str  # none | torchao | te
+    recipe: str = ""  # torchao: tensorwise | rowwise; te: delayed | current; none: ""
+    torchtitan: bool = False
+
+    @property
+    def name(self) -> str:
+        name = f"{self.backend}-{self.recipe}" if self.recipe else self.backend
+        return f"titan:{name}" if self.torchtitan else name
+
+
 @dataclass
 class BenchResult:
-    """One backend's row."""
+    """One row."""
 
-    backend: str
+    backend: str  # the row name (Variant.name)
     status: str  # ok | skipped | failed
     reason: str = ""  # why it was skipped or how it failed
     tokens_per_s: float | None = None  # tokens per second through the timed steps
@@ -56,6 +83,7 @@ class BenchResult:
     step_time_ms: float | None = None  # mean wall time of one timed step
     peak_memory_gib: float | None = None  # GPU: max allocated; CPU: the process's max RSS so far
     final_loss: float | None = None  # loss of the last timed step (a sanity check of the numerics)
+    vs_torchtitan: float | None = None  # our tokens/s over torchtitan's for the same backend and recipe
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,6 +105,40 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated FP8 backends (default: none,torchao,te)",
     )
     parser.add_argument(
+        "--torchao-recipes",
+        help="comma-separated torchao scaling recipes, one row each (default: tensorwise,rowwise on GPU, "
+        "tensorwise on CPU)",
+    )
+    parser.add_argument(
+        "--te-recipes", default="delayed", help="comma-separated TE recipes, one row each (default: delayed)"
+    )
+    parser.add_argument(
+        "--compare-torchtitan",
+        action="store_true",
+        help="also train each none/torchao row with torchtitan's Llama 3 model and float8 converter (PyPI "
+        "torchtitan) and report our tokens/s over theirs; says so when torchtitan is not installed",
+    )
+    parser.add_argument(
+        "--sdpa-priority",
+        choices=list(SDPA_PRIORITIES),
+        default="cudnn",
+        help="fused attention kernel our model prefers (default: cudnn)",
+    )
+    parser.add_argument(
+        "--fp8-all-gather",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="torchao tensorwise: FSDP2 all-gathers weights in FP8; auto = only with more than one rank, "
+        "torchtitan's rule (default: auto)",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="PATH",
+        help="profile 3 steps of the first row with torch.profiler: kernel table to PATH.txt, trace to "
+        "PATH.json (Chrome trace format)",
+    )
+    parser.add_argument(
         "--activation-checkpointing", action="store_true", help="recompute blocks in backward"
     )
     parser.add_argument("--compile", action="store_true", help="torch.compile each transformer block")
@@ -89,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         backends = _parse_backends(args.backends)
+        torchao_recipes = _parse_recipes("--torchao-recipes", args.torchao_recipes, TORCHAO_RECIPES)
+        te_recipes = _parse_recipes("--te-recipes", args.te_recipes, TE_RECIPES)
         for name in ("steps", "warmup_steps", "seq_len", "micro_batch_size"):
             value = getattr(args, name)
             if value is not None and value < (0 if name == "warmup_steps" else 1):
@@ -104,6 +168,14 @@ def main(argv: list[str] | None = None) -> int:
         print("error: training.bench measures one device; run it without torchrun", file=sys.stderr)
         return 2
     on_gpu = info.device.type == "cuda"
+    set_sdpa_priority(args.sdpa_priority)
+    variants = expand_variants(
+        backends,
+        torchao_recipes or (["tensorwise", "rowwise"] if on_gpu else ["tensorwise"]),
+        te_recipes,
+        compare_torchtitan=args.compare_torchtitan,
+    )
+    fp8_all_gather = {"on": True, "off": False, "auto": info.world_size > 1}[args.fp8_all_gather]
     preset = args.preset or ("1b" if on_gpu else "tiny")
     seq_len = args.seq_len or (4096 if on_gpu else 128)
     micro_batch_size = args.micro_batch_size or (2 if on_gpu else 8)
@@ -124,15 +196,17 @@ def main(argv: list[str] | None = None) -> int:
         "flops_per_token": flops_per_token(model_cfg, seq_len),
         "peak_bf16_tflops": peak_bf16_tflops_per_gpu(info.device),
         "parallel": asdict(parallel_cfg),
+        "sdpa_priority": args.sdpa_priority,
+        "fp8_all_gather": fp8_all_gather,
         "versions": {},  # filled after the runs, when the backends' packages are imported
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     results = []
     try:
-        for backend in backends:
+        for variant in variants:
             results.append(
                 run_backend(
-                    backend,
+                    variant,
                     model_cfg,
                     parallel_cfg,
                     info,
@@ -142,19 +216,39 @@ def main(argv: list[str] | None = None) -> int:
                     warmup_steps=args.warmup_steps,
                     seed=args.seed,
                     header=header,
+                    fp8_all_gather=fp8_all_gather,
+                    profile=args.profile if not results else None,
                 )
             )
+            r = results[-1]  # progress on stderr: a long run killed at a time limit still tells something
+            print(f"bench: {r.backend}: {r.status} {_fmt(r.tokens_per_s, '.1f')} tokens/s "
+                  f"{_fmt(r.mfu and 100 * r.mfu, '.1f', '%')} MFU {r.reason}", file=sys.stderr, flush=True)
     finally:
         destroy_distributed()
     header["versions"] = _versions()
+    _add_torchtitan_ratios(variants, results)
     print(format_table(header, results))
     if args.json:
         args.json.write_text(json.dumps({**header, "results": [asdict(r) for r in results]}, indent=2) + "\n")
     return 1 if any(r.status == "failed" for r in results) else 0
 
 
+def expand_variants(
+    backends: list[str], torchao_recipes: list[str], te_recipes: list[str], *, compare_torchtitan: bool
+) -> list[Variant]:
+    """The rows, in order: each backend with each of its recipes, then torchtitan's none/torchao rows."""
+    ours = []
+    for backend in backends:
+        recipes = {"torchao": torchao_recipes, "te": te_recipes}.get(backend, [""])
+        ours += [Variant(backend, recipe) for recipe in recipes]
+    if not compare_torchtitan:
+        return ours
+    # torchtitan has no TE path; its float8 converter is torchao's
+    return ours + [Variant(v.backend, v.recipe, torchtitan=True) for v in ours if v.backend != "te"]
+
+
 def run_backend(
-    backend: str,
+    variant: Variant,
     model_cfg,
     parallel_cfg: ParallelConfig,
     info: DistInfo,
@@ -165,18 +259,30 @@ def run_backend(
     warmup_steps: int,
     seed: int,
     header: dict,
+    fp8_all_gather: bool = False,
+    profile: Path | None = None,
 ) -> BenchResult:
-    """Build, warm up and time one backend; a missing package or unsupported combination is a skip."""
+    """Build, warm up and time one row; a missing package or unsupported combination is a skip."""
     on_gpu = info.device.type == "cuda"
-    if backend == "te" and parallel_cfg.compile:
-        return BenchResult(backend, "skipped", "not with --compile (see TrainConfig.validate)")
+    name = variant.name
+    if variant.backend == "te" and parallel_cfg.compile:
+        return BenchResult(name, "skipped", "not with --compile (see TrainConfig.validate)")
+    emulate = variant.backend == "torchao" and not on_gpu
     try:
-        fp8 = build_fp8_backend(Fp8Config(backend=backend, emulate=backend == "torchao" and not on_gpu))
+        fp8 = build_fp8_backend(_fp8_config(variant, emulate, fp8_all_gather))
+        if variant.torchtitan:
+            torchtitan_recipe = variant.recipe or None
+            build = lambda: build_torchtitan_model(  # noqa: E731
+                model_cfg, parallel_cfg, info, float8_recipe=torchtitan_recipe, emulate=emulate
+            )
+        else:
+            build = lambda: build_model(model_cfg, parallel_cfg, fp8, info, seed=seed)  # noqa: E731
     except ConfigError as exc:
-        return BenchResult(backend, "skipped", str(exc))
+        return BenchResult(name, "skipped", str(exc))
     _reset_peak_memory(info.device)
     try:
         elapsed_s, loss = _measure(
+            build,
             fp8,
             model_cfg,
             parallel_cfg,
@@ -186,9 +292,12 @@ def run_backend(
             steps=steps,
             warmup_steps=warmup_steps,
             seed=seed,
+            profile=profile,
         )
+    except ConfigError as exc:  # torchtitan missing or not like for like: said, not a failure
+        return BenchResult(name, "skipped", str(exc))
     except Exception as exc:  # an OOM or a kernel error in one backend must not hide the others' numbers
-        return BenchResult(backend, "failed", f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
+        return BenchResult(name, "failed", f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
     finally:  # the model and optimizer died with _measure's frame; give their memory back before the next
         gc.collect()
         if on_gpu:
@@ -197,7 +306,7 @@ def run_backend(
     tflops = header["flops_per_token"] * tokens_per_s / 1e12
     peak = header["peak_bf16_tflops"]
     return BenchResult(
-        backend,
+        name,
         "ok",
         tokens_per_s=tokens_per_s,
         tflops=tflops,
@@ -208,7 +317,22 @@ def run_backend(
     )
 
 
+def _fp8_config(variant: Variant, emulate: bool, fp8_all_gather: bool) -> Fp8Config:
+    """The [fp8] section a training run would use for this row (torchtitan's rows convert with their own
+    converter; their backend object is only asked for post_optimizer_step, which rowwise/none skip)."""
+    cfg = Fp8Config(backend=variant.backend, emulate=emulate, fsdp_float8_all_gather=fp8_all_gather)
+    if variant.backend == "torchao":
+        cfg.torchao_recipe = variant.recipe
+    elif variant.backend == "te":
+        cfg.te_recipe = variant.recipe
+    if variant.torchtitan:
+        cfg.fsdp_float8_all_gather = False  # torchtitan 0.3 no longer all-gathers in FP8
+    cfg.validate()
+    return cfg
+
+
 def _measure(
+    build,
     fp8,
     model_cfg,
     parallel_cfg: ParallelConfig,
@@ -219,24 +343,25 @@ def _measure(
     steps: int,
     warmup_steps: int,
     seed: int,
+    profile: Path | None = None,
 ) -> tuple[float, torch.Tensor]:
-    """Build the model exactly as training does (train.build_model), warm up, and return (seconds for the
-    timed steps, last loss). No data loader and no checkpoints: random tokens, one micro-batch per step."""
-    model = build_model(model_cfg, parallel_cfg, fp8, info, seed=seed)
+    """Build the model (``build``: train.build_model, or torchtitan's), warm up, and return (seconds for the
+    timed steps, last loss). The step is the training loop's: forward/backward, clip the gradient norm,
+    AdamW. No data loader and no checkpoints: random tokens, one micro-batch per step."""
+    model = build()
     optimizer = build_optimizer(model, OptimConfig(lr=1e-4, warmup_steps=0))
+    max_grad_norm = OptimConfig().max_grad_norm
     tokens = torch.randint(
         0,
         model_cfg.vocab_size,
         (micro_batch_size, seq_len + 1),
         generator=torch.Generator().manual_seed(seed),
     ).to(info.device)
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    micro_batches = [(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())]
 
     def step() -> torch.Tensor:
-        with fp8.autocast():
-            logits = model(inputs)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-        loss.backward()
+        loss = _forward_backward(model, fp8, micro_batches, 1)
+        clip_grad_norm_(model, max_grad_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         fp8.post_optimizer_step(model)
@@ -244,7 +369,25 @@ def _measure(
 
     for _ in range(warmup_steps):
         step()
+    if profile is not None:
+        _profile(step, profile)
     return _timed(step, steps, info.device)
+
+
+def _profile(step, path: Path) -> None:
+    """Three steps under torch.profiler: the kernels by total device time to PATH.txt, the trace to
+    PATH.json (open in Perfetto or chrome://tracing)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        for _ in range(3):
+            step()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    sort_by = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
+    Path(f"{path}.txt").write_text(prof.key_averages().table(sort_by=sort_by, row_limit=40, max_name_column_width=90))
+    prof.export_chrome_trace(f"{path}.json")
 
 
 def _timed(step, steps: int, device: torch.device) -> tuple[float, torch.Tensor]:
@@ -285,13 +428,53 @@ def _parse_backends(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def _parse_recipes(option: str, text: str | None, allowed: tuple[str, ...]) -> list[str]:
+    if text is None:
+        return []
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names or any(name not in allowed for name in names):
+        raise ConfigError(f"{option}={text!r}: allowed: a comma-separated subset of {', '.join(allowed)}")
+    return list(dict.fromkeys(names))
+
+
+def _add_torchtitan_ratios(variants: list[Variant], results: list[BenchResult]) -> None:
+    """Our tokens/s over torchtitan's, on our row, where both rows ran."""
+    by_variant = dict(zip(variants, results, strict=True))
+    for variant, result in by_variant.items():
+        if variant.torchtitan:
+            continue
+        theirs = by_variant.get(Variant(variant.backend, variant.recipe, torchtitan=True))
+        if theirs is not None and result.tokens_per_s and theirs.tokens_per_s:
+            result.vs_torchtitan = result.tokens_per_s / theirs.tokens_per_s
+
+
 def _versions() -> dict[str, str | None]:
     versions: dict[str, str | None] = {"python": sys.version.split()[0], "torch": torch.__version__}
     versions["cuda"] = torch.version.cuda
+    versions["cudnn"] = str(torch.backends.cudnn.version()) if torch.cuda.is_available() else None
+    versions["driver"] = _nvidia_driver()
     for module in ("torchao", "transformer_engine"):
         mod = sys.modules.get(module)
         versions[module] = getattr(mod, "__version__", None) if mod else None
+    versions["torchtitan"] = torchtitan_version() if "torchtitan" in sys.modules else None
     return versions
+
+
+def _nvidia_driver() -> str | None:
+    """The driver version nvidia-smi reports, or None (no GPU, no nvidia-smi)."""
+    import shutil
+    import subprocess
+
+    if not torch.cuda.is_available() or shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.strip().splitlines()[0] if out.strip() else None
 
 
 def format_table(header: dict, results: list[BenchResult]) -> str:
@@ -302,14 +485,15 @@ def format_table(header: dict, results: list[BenchResult]) -> str:
         + f" | {header['flops_per_token'] / 1e9:.3f} GFLOP/token"
         + f" | AC {'on' if header['parallel']['activation_checkpointing'] else 'off'}"
         + f" | compile {'on' if header['parallel']['compile'] else 'off'}",
-        f"{'backend':<8} {'status':<8} {'tokens/s':>12} {'TFLOP/s':>9} {'MFU':>7} {'step ms':>9} "
-        f"{'peak GiB':>9} {'loss':>8}",
+        f"{'backend':<26} {'status':<8} {'tokens/s':>12} {'TFLOP/s':>9} {'MFU':>7} {'step ms':>9} "
+        f"{'peak GiB':>9} {'loss':>8} {'vs titan':>9}",
     ]
     for r in results:
         lines.append(
-            f"{r.backend:<8} {r.status:<8} {_fmt(r.tokens_per_s, '.1f'):>12} {_fmt(r.tflops, '.3f'):>9} "
+            f"{r.backend:<26} {r.status:<8} {_fmt(r.tokens_per_s, '.1f'):>12} {_fmt(r.tflops, '.3f'):>9} "
             f"{_fmt(r.mfu and 100 * r.mfu, '.1f', '%'):>7} {_fmt(r.step_time_ms, '.1f'):>9} "
-            f"{_fmt(r.peak_memory_gib, '.2f'):>9} {_fmt(r.final_loss, '.4f'):>8}"
+            f"{_fmt(r.peak_memory_gib, '.2f'):>9} {_fmt(r.final_loss, '.4f'):>8} "
+            f"{_fmt(r.vs_torchtitan, '.3f', 'x'):>9}"
         )
     lines += [f"{r.backend}: {r.status}: {r.reason}" for r in results if r.reason]
     if header["peak_bf16_tflops"] is None:

@@ -12,6 +12,11 @@ A checkpoint counts only when complete: ``.metadata`` (DCP's own last write) and
 of a save leaves a directory without the marker, which ``find_latest_complete`` skips with a warning. The data
 position is not saved: the batch order is a pure function of (seed, step, rank), so the step is all a resume
 needs.
+
+What is saved is ``checkpoint_state.build_state`` (FP8 weight wrappers unwrapped to their high-precision
+tensors, Transformer Engine's extra state as bytes), and every save is verified before DCP writes it
+(``checkpoint_verify``): a state that fails the check fails the save on every rank and is never marked
+complete.
 """
 
 from __future__ import annotations
@@ -31,8 +36,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.api import CheckpointException
 
+from training.checkpoint_state import build_state, load_into
+from training.checkpoint_verify import VerifyingSavePlanner, describe
+from training.config_sections import CheckpointConfig
 from training.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -40,29 +48,6 @@ log = logging.getLogger(__name__)
 MARKER_FILE = "train_state.json"
 DCP_METADATA_FILE = ".metadata"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-
-
-@dataclass
-class CheckpointConfig:
-    """The ``[checkpoint]`` section."""
-
-    dir: str = ""  # checkpoint root; saves go to <dir>/step-<N>/. "" = no saves (--resume PATH still works)
-    interval_steps: int = 0  # save every this many optimizer steps; 0 = only at the end and on SIGTERM
-    keep_last: int = 3  # complete checkpoints kept; older ones are deleted after a newer one completes
-    async_save: bool = True  # periodic saves with dcp.async_save (training continues while it writes)
-    save_final: bool = True  # save after the last step
-
-    def validate(self) -> None:
-        if not isinstance(self.dir, str):
-            raise ConfigError(f"checkpoint.dir={self.dir!r}: allowed: a directory path, or '' for none")
-        if not _is_int(self.interval_steps, minimum=0):
-            raise ConfigError(f"checkpoint.interval_steps={self.interval_steps!r}: allowed: an integer >= 0")
-        if not _is_int(self.keep_last, minimum=1):
-            raise ConfigError(f"checkpoint.keep_last={self.keep_last!r}: allowed: an integer >= 1")
-
-
-def _is_int(value: object, *, minimum: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
 @dataclass(frozen=True)
@@ -86,7 +71,7 @@ def _step_dirs(root: Path) -> list[tuple[int, Path]]:
     """``(step, path)`` of every step-<N> directory under ``root``, oldest first."""
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
+    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.fullmatch(p.name))]
     return sorted(found)
 
 
@@ -127,6 +112,22 @@ def resolve_resume(resume: str, checkpoint_root: str) -> Path | None:
             "allowed: auto, none, or a complete step-<N> directory"
         )
     return path
+
+
+class CheckpointSaveError(RuntimeError):
+    """A save failed (its write, or its verification): the checkpoint is not complete."""
+
+
+def _save_failed(step: int, path: Path, exc: BaseException) -> CheckpointSaveError:
+    """The error a failed save raises: which ranks failed and why, in one line (DCP's CheckpointException
+    prints every rank's traceback; those stay on the exception chain)."""
+    if isinstance(exc, CheckpointException):
+        why = "; ".join(f"rank {rank}: {type(err).__name__}: {err}" for rank, (err, _) in exc.failures.items())
+    else:
+        why = f"{type(exc).__name__}: {exc}"
+    message = f"checkpoint step {step} failed and is not complete ({path}): {why}"
+    log.error("%s", message)
+    return CheckpointSaveError(message)
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -182,16 +183,23 @@ class Checkpointer:
         self.wait()
         path = step_dir(self.root, step)
         self._clear_stale(path)
-        model_sd, optim_sd = get_state_dict(model, optimizer)
-        state = {"model": model_sd, "optim": optim_sd}
         started = time.monotonic()
-        if blocking or not self.cfg.async_save:
-            dcp.save(state, checkpoint_id=str(path))
+        state = build_state(model, optimizer)
+        asynchronous = not blocking and self.cfg.async_save
+        # The description the planner verifies against; for an async save it includes each tensor's bits,
+        # so the staged copy is checked against the live state (checkpoint_verify).
+        planner = VerifyingSavePlanner(describe(state, fingerprints=asynchronous))
+        if not asynchronous:
+            try:
+                dcp.save(state, checkpoint_id=str(path), planner=planner)
+            except (Exception, CheckpointException) as exc:  # CheckpointException is a BaseException
+                raise _save_failed(step, path, exc) from exc
             self._finish(step, path, started)
         else:
             # async_save copies the state to CPU memory before it returns (DCP's DefaultStager), so the next
             # optimizer step cannot change what is being written
-            future = dcp.async_save(state, checkpoint_id=str(path), process_group=self._async_group)
+            future = dcp.async_save(state, checkpoint_id=str(path), process_group=self._async_group,
+                                    planner=planner)
             self._pending = (step, path, future, started)
             log.info("checkpoint step %d: staged in %.2fs, writing in the background", step,
                      time.monotonic() - started)
@@ -208,7 +216,10 @@ class Checkpointer:
             return
         step, path, future, started = self._pending
         self._pending = None
-        future.result()  # re-raises a failed write: a checkpoint that failed must not be marked complete
+        try:
+            future.result()  # re-raises a failed write: a checkpoint that failed must not be marked complete
+        except (Exception, CheckpointException) as exc:
+            raise _save_failed(step, path, exc) from exc
         self._finish(step, path, started)
 
     def close(self) -> None:
@@ -231,10 +242,9 @@ class Checkpointer:
         world size differs from the one that saved it."""
         path = Path(path)
         train_state = read_train_state(path)
-        model_sd, optim_sd = get_state_dict(model, optimizer)
-        state = {"model": model_sd, "optim": optim_sd}
+        state = build_state(model, optimizer)  # its tensors share storage with the model's: loaded in place
         dcp.load(state, checkpoint_id=str(path))
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        load_into(model, optimizer, state)
         self._last_saved_step = train_state.step
         log.info("resumed from %s (step %d)", path, train_state.step)
         return train_state

@@ -17,14 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.checkpoint import CheckpointConfig
-from training.data import DataConfig
+from training.config_sections import (
+    MODEL_PRESETS,
+    CheckpointConfig,
+    DataConfig,
+    Fp8Config,
+    MetricsConfig,
+    ModelConfig,
+    OptimConfig,
+    ParallelConfig,
+)
 from training.errors import ConfigError
-from training.fp8 import Fp8Config
-from training.metrics import MetricsConfig
-from training.model import MODEL_PRESETS, ModelConfig
-from training.optim import OptimConfig
-from training.parallelize import ParallelConfig
 
 CONFIGS_DIR = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = CONFIGS_DIR / "tiny-cpu.toml"  # what `python -m training` trains with no --config
@@ -118,13 +121,23 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Train
         tables[section] = {
             key: _typed(SECTIONS[section], section, key, value) for key, value in table.items()
         }
-    for override in overrides:
-        section, key, text = _split_override(override)
-        tables.setdefault(section, {})[key] = _typed(SECTIONS[section], section, key, text, from_text=True)
+    for section, values in parse_overrides(overrides).items():
+        tables.setdefault(section, {}).update(values)
     _fill_model_preset(tables.setdefault("model", {}))
     cfg = TrainConfig(**{section: SECTIONS[section](**tables.get(section, {})) for section in SECTIONS})
     cfg.validate()
     return cfg
+
+
+def parse_overrides(overrides: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``section.field=value`` items as typed values per section (a later item for the same field wins); a
+    ConfigError names the first unknown section or key, or a value of the wrong type. The rules that span
+    fields (TrainConfig.validate) need the whole config: load_config."""
+    tables: dict[str, dict[str, Any]] = {}
+    for override in overrides:
+        section, key, text = _split_override(override)
+        tables.setdefault(section, {})[key] = _typed(SECTIONS[section], section, key, text, from_text=True)
+    return tables
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -249,4 +262,12 @@ def _fill_model_preset(model_table: dict[str, Any]) -> None:
         model_table.setdefault(key, value)
 
 
-__all__ = ["DEFAULT_CONFIG", "ModelConfig", "RunConfig", "TrainConfig", "load_config", "resolve_config_path"]
+__all__ = [
+    "DEFAULT_CONFIG",
+    "ModelConfig",
+    "RunConfig",
+    "TrainConfig",
+    "load_config",
+    "parse_overrides",
+    "resolve_config_path",
+]

@@ -27,46 +27,13 @@ import numpy as np
 import torch
 
 from training import numa
+from training.config_sections import DataConfig
 from training.errors import ConfigError
 from training.shards import ShardFormatError, TokenShards, open_shards
 
 log = logging.getLogger(__name__)
 
-SOURCES = ("synthetic", "shards")
 Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets), int64 [micro_batch_size, seq_len]
-
-
-@dataclass
-class DataConfig:
-    """The ``[data]`` section."""
-
-    source: str = "synthetic"  # "synthetic" (a learnable Markov chain, no files) or "shards" (data.path)
-    path: str = ""  # shard directory holding index.json (docs/data-format.md); used when source = "shards"
-    synthetic_branching: int = (
-        4  # successors per token in the synthetic Markov chain (loss floor <= ln of it)
-    )
-    prefetch_depth_steps: int = 2  # optimizer steps of micro-batches prepared ahead by the loader thread
-    pin_memory: bool = True  # stage batches in pinned host memory (only when the device is CUDA)
-    numa_affinity: bool = True  # keep the loader thread on the CPUs of its GPU's NUMA node (multi-socket)
-
-    def validate(self) -> None:
-        if self.source not in SOURCES:
-            raise ConfigError(f"data.source={self.source!r}: allowed: {', '.join(SOURCES)}")
-        if self.source == "shards" and not self.path:
-            raise ConfigError(
-                "data.path='': allowed: a shard directory (with index.json) when data.source='shards'"
-            )
-        if not _is_int(self.synthetic_branching) or not 1 <= self.synthetic_branching <= 1024:
-            raise ConfigError(
-                f"data.synthetic_branching={self.synthetic_branching!r}: allowed: an integer in 1..1024"
-            )
-        if not _is_int(self.prefetch_depth_steps) or self.prefetch_depth_steps < 1:
-            raise ConfigError(
-                f"data.prefetch_depth_steps={self.prefetch_depth_steps!r}: allowed: an integer >= 1"
-            )
-        for name in ("pin_memory", "numa_affinity"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"data.{name}={getattr(self, name)!r}: allowed: true, false")
 
 
 class BatchSource(Protocol):
@@ -147,6 +114,15 @@ class ShardBatchSource:
             windows[here] = permute(positions[here], self.num_windows, seed=self.seed, epoch=int(epoch))
         seq_len = self.layout.seq_len
         tokens = np.stack([self.shards.read(int(w) * seq_len, seq_len + 1) for w in windows])
+        # Every id the model sees is checked on the CPU (a max over one micro-batch, microseconds): an id past
+        # the embedding would otherwise be a device-side assert on the GPU, or silent garbage.
+        if int(tokens.max()) >= self.shards.vocab_size:
+            row = int(np.argmax(tokens.max(axis=1)))
+            raise ConfigError(
+                f"data.path={str(self.shards.path)!r}: token id {int(tokens[row].max())} in the window at "
+                f"stream position {int(windows[row]) * seq_len}; allowed: ids below the index's "
+                f"vocab_size={self.shards.vocab_size} (python -m training.prepare writes only those)"
+            )
         return _split(tokens)
 
 
@@ -208,6 +184,26 @@ def _distinct_successors(rng: np.random.Generator, vocab_size: int, branching: i
         table[repeats] = rng.integers(0, vocab_size, size=(int(repeats.sum()), branching))
 
 
+def open_checked_shards(cfg: DataConfig, *, seq_len: int, vocab_size: int) -> TokenShards:
+    """The shard directory at data.path, opened and checked against its index and the model: the index's
+    vocabulary fits model.vocab_size, and the stream holds at least one sample."""
+    try:
+        shards = open_shards(cfg.path)
+    except ShardFormatError as exc:  # reported like any other bad setting, with the file-level detail
+        raise ConfigError(f"data.path={cfg.path!r}: not a usable shard directory: {exc}") from exc
+    if shards.vocab_size > vocab_size:
+        raise ConfigError(
+            f"model.vocab_size={vocab_size}: allowed: >= {shards.vocab_size}, the vocab_size of the "
+            f"shards at data.path={cfg.path!r}"
+        )
+    if shards.num_tokens < seq_len + 1:
+        raise ConfigError(
+            f"data.path={cfg.path!r}: holds {shards.num_tokens} tokens; allowed: at least run.seq_len + 1 = "
+            f"{seq_len + 1}"
+        )
+    return shards
+
+
 def build_batch_source(
     cfg: DataConfig,
     *,
@@ -227,20 +223,7 @@ def build_batch_source(
         return SyntheticBatchSource(
             layout, vocab_size=vocab_size, seed=seed, branching=cfg.synthetic_branching
         )
-    try:
-        shards = open_shards(cfg.path)
-    except ShardFormatError as exc:  # reported like any other bad setting, with the file-level detail
-        raise ConfigError(f"data.path={cfg.path!r}: not a usable shard directory: {exc}") from exc
-    if shards.vocab_size > vocab_size:
-        raise ConfigError(
-            f"model.vocab_size={vocab_size}: allowed: >= {shards.vocab_size}, the vocab_size of the "
-            f"shards at data.path={cfg.path!r}"
-        )
-    if shards.num_tokens < seq_len + 1:
-        raise ConfigError(
-            f"data.path={cfg.path!r}: holds {shards.num_tokens} tokens; allowed: at least run.seq_len + 1 = "
-            f"{seq_len + 1}"
-        )
+    shards = open_checked_shards(cfg, seq_len=seq_len, vocab_size=vocab_size)
     return ShardBatchSource(shards, layout, seed=seed)
 
 
@@ -349,6 +332,3 @@ def _split(tokens: np.ndarray) -> Batch:
     window = torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64))
     return window[:, :-1].contiguous(), window[:, 1:].contiguous()
 
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)

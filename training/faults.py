@@ -6,7 +6,9 @@ boundary the ranks all_reduce(MAX) it, so when any rank was signalled every rank
 they save one checkpoint together and exit 0. When torchrun itself is signalled it passes SIGTERM on to its
 workers and SIGKILLs them after its shutdown timeout: 30 s by default (torch 2.13: ``--shutdown-timeout`` or
 TORCH_ELASTIC_SHUTDOWN_TIMEOUT; torch/distributed/run.py, launcher/api.py), so the rest of a step plus a
-synchronous checkpoint must fit in that window; raise it for models whose checkpoint takes longer.
+synchronous checkpoint must fit in that window. Jobs started by node_bootstrap.jobs pass --shutdown-timeout
+110: the unit's 120 s stop grace (systemd TimeoutStopSec, node_bootstrap/jobs/spec.py STOP_GRACE_SECONDS)
+less 10 s for torchrun's own exit.
 """
 
 from __future__ import annotations

@@ -14,61 +14,29 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 
+from training.config_sections import Fp8Config
 from training.errors import ConfigError
 
-BACKENDS = ("none", "torchao", "te")
-TORCHAO_RECIPES = ("tensorwise", "rowwise")
-TE_RECIPES = ("delayed", "current")
 TE_MIN_VERSION = (2, 16)  # the first Transformer Engine release whose modules work under FSDP2
 TE_INSTALL = 'pip install --no-build-isolation "transformer_engine[pytorch]>=2.16"'
+# Transformer Engine combinations (te_recipe, feature) that a GPU run has checked end to end with FSDP2
+# (benchmarks/te_checkpoint_check.py, results in docs/benchmarks.md). TE cannot be installed without CUDA, so
+# the CPU tests cannot; every combination a run uses that is not listed is named at start-up.
+TE_FEATURES = {
+    "resume": "save and bit-exact resume through DCP (FP8 metadata in _extra_state carried as bytes)",
+    "activation_checkpointing": "activation checkpointing through te.checkpoint under FSDP2",
+}
+TE_VERIFIED_ON_GPU: frozenset[tuple[str, str]] = frozenset()
 HIGH_PRECISION_MODULES = ("output",)  # module names (last FQN part) never converted: the output head
 FP8_DIM_MULTIPLE = 16  # FP8 GEMMs need in/out features divisible by 16 (torch._scaled_mm, TE Linear docs)
-
-
-@dataclass
-class Fp8Config:
-    """The ``[fp8]`` section."""
-
-    backend: str = "none"  # none (bf16 matmuls) | torchao (torchao.float8) | te (Transformer Engine >= 2.16)
-    torchao_recipe: str = (
-        "tensorwise"  # torchao scaling: tensorwise | rowwise (per-row scales, more accurate)
-    )
-    te_recipe: str = (
-        "delayed"  # TE scaling: delayed (DelayedScaling, amax history) | current (Float8CurrentScaling)
-    )
-    te_amax_history_len: int = 1024  # steps of amax history for te_recipe = delayed (TE's default)
-    emulate: bool = False  # torchao only: FP8 casts with high-precision matmuls (CPU tests, GPUs without FP8)
-    fsdp_float8_all_gather: bool = (
-        True  # torchao tensorwise: FSDP2 all-gathers weights in FP8 (half the bytes)
-    )
-
-    def validate(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"fp8.backend={self.backend!r}: allowed: {', '.join(BACKENDS)}")
-        if self.torchao_recipe not in TORCHAO_RECIPES:
-            raise ConfigError(
-                f"fp8.torchao_recipe={self.torchao_recipe!r}: allowed: {', '.join(TORCHAO_RECIPES)}"
-            )
-        if self.te_recipe not in TE_RECIPES:
-            raise ConfigError(f"fp8.te_recipe={self.te_recipe!r}: allowed: {', '.join(TE_RECIPES)}")
-        if (
-            isinstance(self.te_amax_history_len, bool)
-            or not isinstance(self.te_amax_history_len, int)
-            or (self.te_amax_history_len < 1)
-        ):
-            raise ConfigError(
-                f"fp8.te_amax_history_len={self.te_amax_history_len!r}: allowed: an integer >= 1"
-            )
-        if self.emulate and self.backend == "te":
-            raise ConfigError("fp8.emulate=True: allowed only with fp8.backend='torchao' (TE cannot emulate)")
 
 
 class Fp8Backend(Protocol):
@@ -83,7 +51,10 @@ class Fp8Backend(Protocol):
         """The context each forward runs in (backward needs none)."""
 
     def post_optimizer_step(self, model: nn.Module) -> None:
-        """Called after every optimizer.step()."""
+        """Called after every optimizer.step() (and after a checkpoint is loaded into the weights)."""
+
+    def activation_checkpoint_fn(self) -> Callable[..., Any] | None:
+        """The function activation checkpointing must recompute blocks with; None: torch.utils.checkpoint."""
 
 
 def fp8_eligible(module: nn.Module, fqn: str) -> bool:
@@ -108,6 +79,9 @@ class NoFp8:
 
     def post_optimizer_step(self, model: nn.Module) -> None:
         pass
+
+    def activation_checkpoint_fn(self) -> Callable[..., Any] | None:
+        return None
 
 
 class TorchaoFp8:
@@ -138,6 +112,9 @@ class TorchaoFp8:
     def post_optimizer_step(self, model: nn.Module) -> None:
         if self.fsdp_float8_all_gather:
             self.float8.precompute_float8_dynamic_scale_for_fsdp(model)
+
+    def activation_checkpoint_fn(self) -> Callable[..., Any] | None:
+        return None  # Float8Linear casts inside its own forward, so a plain recompute repeats it exactly
 
 
 class TransformerEngineFp8:
@@ -182,6 +159,23 @@ class TransformerEngineFp8:
 
     def post_optimizer_step(self, model: nn.Module) -> None:
         pass  # TE updates amax histories and scales when the autocast region exits
+
+    def activation_checkpoint_fn(self) -> Callable[..., Any] | None:
+        # torch's checkpoint recomputes a block in backward outside te.autocast, so the recompute runs
+        # without the FP8 recipe (and delayed scaling's amax bookkeeping sees a second forward). TE's
+        # checkpoint re-enters the recipe and TE's recompute context; this is how TE's own FSDP example
+        # wraps blocks (examples/pytorch/fsdp/fsdp.py: checkpoint_wrapper(m,
+        # checkpoint_fn=te.distributed.checkpoint, use_reentrant=False)).
+        return functools.partial(self.te.checkpoint, use_reentrant=False)
+
+
+def te_unverified_combinations(cfg: Fp8Config, *, activation_checkpointing: bool) -> list[str]:
+    """The Transformer Engine combinations this run uses that no GPU run has verified (see TE_FEATURES)."""
+    if cfg.backend != "te":
+        return []
+    features = ["resume"] + (["activation_checkpointing"] if activation_checkpointing else [])
+    return [f"te_recipe={cfg.te_recipe}: {TE_FEATURES[f]}" for f in features
+            if (cfg.te_recipe, f) not in TE_VERIFIED_ON_GPU]
 
 
 def build_fp8_backend(cfg: Fp8Config) -> Fp8Backend:

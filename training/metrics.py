@@ -20,7 +20,6 @@ import json
 import logging
 import math
 import os
-import re
 import resource
 import statistics
 import sys
@@ -34,60 +33,11 @@ from typing import Any, TextIO
 import torch
 import torch.distributed as dist
 
-from training.errors import ConfigError
+from training.config_sections import JOB_ID_ENV, MetricsConfig
 
 log = logging.getLogger(__name__)
 
-_DIMENSION = re.compile(r"^[^=,]+=[^=,]+$")
-EMF_MODES = ("auto", "on", "off")
-JOB_ID_ENV = "CLUSTER_JOB_ID"  # set by node_bootstrap.jobs' supervisor for every job
 CLUSTER_ENV = "CLUSTER_STACK_NAME"  # from the training environment file (node_bootstrap/training_env.py)
-
-
-@dataclass
-class MetricsConfig:
-    """The ``[metrics]`` section. How often to log is ``run.log_interval_steps``."""
-
-    json_lines: bool = True  # one JSON object per logged step on rank 0's stdout (the jobs launcher reads it)
-    progress: bool = True  # a short human-readable progress line per logged step on rank 0's stderr
-    nvml: bool = True  # add GPU utilization, temperature, power and clocks through NVML when available
-    cloudwatch: bool = False  # publish step metrics from rank 0 with CloudWatch PutMetricData (needs boto3)
-    cloudwatch_namespace: str = "TrainingCluster"  # CloudWatch metric namespace
-    cloudwatch_dimensions: str = ""  # "Name=Value,Name=Value" added to every metric, e.g. "Job=llama-1b"
-    cloudwatch_region: str = ""  # AWS region for CloudWatch; "" = the default boto3 chain (AWS_REGION, ...)
-    cloudwatch_flush_steps: int = 10  # logged steps buffered per PutMetricData call (fewer API calls)
-    # "auto": an EMF line per logged step on rank 0's stderr when running as a cluster job (CLUSTER_JOB_ID is
-    # set by the job supervisor); "on" / "off" force it. Namespace: cloudwatch_namespace.
-    emf: str = "auto"
-
-    def validate(self) -> None:
-        if self.emf not in EMF_MODES:
-            raise ConfigError(f"metrics.emf={self.emf!r}: allowed: {', '.join(EMF_MODES)}")
-        if not self.cloudwatch_namespace or self.cloudwatch_namespace.startswith("AWS/"):
-            raise ConfigError(
-                f"metrics.cloudwatch_namespace={self.cloudwatch_namespace!r}: allowed: a non-empty name "
-                "not starting with 'AWS/'"
-            )
-        dims = [d.strip() for d in self.cloudwatch_dimensions.split(",") if d.strip()]
-        if any(not _DIMENSION.match(d) for d in dims) or len(dims) > 30:
-            raise ConfigError(
-                f"metrics.cloudwatch_dimensions={self.cloudwatch_dimensions!r}: allowed: up to 30 "
-                "comma-separated Name=Value pairs, e.g. 'Job=llama-1b,Cluster=p5'"
-            )
-        flush = self.cloudwatch_flush_steps
-        if isinstance(flush, bool) or not isinstance(flush, int) or not 1 <= flush <= 100:
-            raise ConfigError(
-                f"metrics.cloudwatch_flush_steps={self.cloudwatch_flush_steps!r}: allowed: an integer 1..100"
-            )
-
-    def emf_enabled(self, environ: dict[str, str] | None = None) -> bool:
-        environ = os.environ if environ is None else environ
-        return self.emf == "on" or (self.emf == "auto" and bool(environ.get(JOB_ID_ENV)))
-
-    def dimensions(self) -> list[dict[str, str]]:
-        """The configured dimensions in PutMetricData's shape."""
-        pairs = [d.strip().split("=", 1) for d in self.cloudwatch_dimensions.split(",") if d.strip()]
-        return [{"Name": k.strip(), "Value": v.strip()} for k, v in pairs]
 
 
 @dataclass(frozen=True)

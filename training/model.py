@@ -12,96 +12,34 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from training.config_sections import MODEL_PRESETS, ModelConfig
 from training.errors import ConfigError
 
-# Shape presets. Sources: Meta's params.json / Hugging Face config.json of the released checkpoints
-# (meta-llama/Llama-3.2-1B: hidden 2048, 16 layers, 32 heads, 8 kv heads, intermediate 8192, vocab 128256,
-# rope_theta 500000, rms_norm_eps 1e-5; Meta-Llama-3-8B: 4096, 32, 32, 8, 14336; Meta-Llama-3-70B: 8192, 80,
-# 64, 8, 28672), and torchtitan's models/llama3/__init__.py (llama3_configs "8B" and "70B": dim 4096/8192,
-# n_layers 32/80, n_heads 32/64, n_kv_heads 8, ffn_dim_multiplier 1.3, multiple_of 1024/4096, theta 500000,
-# which gives the same hidden sizes 14336 and 28672). The released 1B ties its input and output
-# embeddings; here they stay separate (as in torchtitan) so the meta-device build, FSDP2 and the FP8 filter
-# need no special case: the "1b" preset has 1.50B parameters instead of 1.24B, with the same blocks.
-# "125m" is GPT-2-small's width and depth (768 x 12 layers, 12 heads) in Llama form, with 4 kv heads and a
-# 32000 vocabulary (the Llama-2 tokenizer size): 124.7M parameters, 100M of them outside the embedding.
-MODEL_PRESETS: dict[str, dict[str, int | float]] = {
-    # trains on a laptop CPU in seconds; vocab 320 holds the byte-level tokenizer's 257 ids (256 bytes and the
-    # end-of-document token), rounded up to a multiple of 64
-    "tiny": dict(
-        dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=192, vocab_size=320, rope_theta=10000.0
-    ),
-    "125m": dict(
-        dim=768, n_layers=12, n_heads=12, n_kv_heads=4, ffn_dim=2048, vocab_size=32000, rope_theta=10000.0
-    ),
-    "1b": dict(
-        dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim=8192, vocab_size=128256, rope_theta=500000.0
-    ),
-    "llama3-8b": dict(
-        dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14336, vocab_size=128256, rope_theta=500000.0
-    ),
-    "llama3-70b": dict(
-        dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_dim=28672, vocab_size=128256, rope_theta=500000.0
-    ),
+# Fused attention kernels in order of preference (torchtitan's order). On an H100, cuDNN's fused attention
+# made a whole 1b training step 5.4% faster than FlashAttention-2, the kernel PyTorch picks first
+# (docs/benchmarks.md, 2026-11-23). A kernel that cannot take the inputs is skipped, so the CPU keeps its own
+# path; set_sdpa_priority changes the order (python -m training.bench --sdpa-priority).
+SDPA_PRIORITIES = {
+    "cudnn": [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH],
+    "flash": [SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH],
 }
+_sdpa_backends = SDPA_PRIORITIES["cudnn"]
 
 
-@dataclass
-class ModelConfig:
-    """The ``[model]`` section. With ``preset`` set, the preset's shape fills every shape field the file or
-    ``--set`` does not give (resolved by training.config.load_config)."""
-
-    preset: str = ""  # name in MODEL_PRESETS ("tiny", "125m", "1b", "llama3-8b", "llama3-70b"); "" = custom
-    dim: int = 64  # model (residual stream) width
-    n_layers: int = 2  # transformer blocks
-    n_heads: int = 4  # query heads; head_dim = dim / n_heads
-    n_kv_heads: int = 2  # key/value heads (grouped-query attention); divides n_heads
-    ffn_dim: int = 192  # SwiGLU hidden width
-    vocab_size: int = 256  # tokens in the vocabulary (the embedding and output head rows)
-    rope_theta: float = 10000.0  # RoPE base frequency
-    norm_eps: float = 1e-5  # RMSNorm epsilon
-    init_std: float = 0.02  # std of the normal init of the linear layers (torchtitan's default)
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
-
-    def validate(self) -> None:
-        if self.preset and self.preset not in MODEL_PRESETS:
-            raise ConfigError(
-                f"model.preset={self.preset!r}: allowed: {', '.join(MODEL_PRESETS)} or '' (custom)"
-            )
-        for name in ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"model.{name}={value!r}: allowed: an integer >= 1")
-        if self.dim % self.n_heads:
-            raise ConfigError(f"model.n_heads={self.n_heads!r}: allowed: a divisor of model.dim ({self.dim})")
-        if self.head_dim % 2:
-            raise ConfigError(
-                f"model.n_heads={self.n_heads!r}: allowed: a value giving an even head_dim (dim / n_heads = "
-                f"{self.head_dim}); RoPE rotates pairs of channels"
-            )
-        if self.n_heads % self.n_kv_heads:
-            raise ConfigError(
-                f"model.n_kv_heads={self.n_kv_heads!r}: allowed: a divisor of model.n_heads ({self.n_heads})"
-            )
-        for name in ("rope_theta", "norm_eps", "init_std"):
-            value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not (math.isfinite(value) and value > 0)
-            ):
-                raise ConfigError(f"model.{name}={value!r}: allowed: a finite number > 0")
+def set_sdpa_priority(name: str) -> None:
+    """Prefer the ``name`` kernel (a key of SDPA_PRIORITIES) in every later forward."""
+    global _sdpa_backends
+    if name not in SDPA_PRIORITIES:
+        raise ConfigError(f"sdpa priority {name!r}: allowed: {', '.join(SDPA_PRIORITIES)}")
+    _sdpa_backends = SDPA_PRIORITIES[name]
 
 
-SHAPE_FIELDS = tuple(f.name for f in fields(ModelConfig) if f.name != "preset")
 
 
 def build_model_config(preset: str, **overrides: int | float | str) -> ModelConfig:
@@ -171,7 +109,8 @@ class Attention(nn.Module):
         # eligible: enable_gqa rules some of them out and the math fallback would materialise T x T scores.
         # The copies cost 2 x B x T x dim activations per layer.
         k, v = _repeat_kv(k, self.n_heads // self.n_kv_heads), _repeat_kv(v, self.n_heads // self.n_kv_heads)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        with sdpa_kernel(_sdpa_backends, set_priority=True):
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.wo(out.transpose(1, 2).reshape(batch, seq_len, self.n_heads * self.head_dim))
 
 

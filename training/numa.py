@@ -12,6 +12,24 @@ The GPU's PCI address comes from torch's device properties when this torch expos
 NVIDIA driver's /proc/driver/nvidia/gpus/<address>/information (matched by GPU UUID). Both roots are
 parameters so tests run on a fake tree. Anything unknown means "do not pin": pinning is an optimization,
 never a reason to fail.
+
+Why not torchrun's ``--numa-binding`` (torch >= 2.9; read in torch 2.13's torch/numa/binding.py and
+torch/distributed/elastic/multiprocessing/subprocess_handler/subprocess_handler.py). It is not the same thing:
+
+- It binds the whole worker process, every thread of it (for ``torchrun -m training`` the agent prepends
+  ``numactl --physcpubind=<cpus>`` to the worker's command), where this module pins only the loader thread
+  and leaves the training thread, NCCL's proxy threads and DCP's async-save threads where the scheduler puts
+  them. Whether binding all of them helps or hurts on P5 has not been measured here.
+- It needs the ``numactl`` executable: without it (``_raise_if_binding_invalid``: "numactl CLI is required
+  for NUMA binding") torchrun's command line does not fall back (``NumaOptions.
+  should_fall_back_if_binding_fails`` is False), so the worker is not started and the job fails. Whether the
+  DLAMI ships numactl is not verified here; this module needs nothing beyond sysfs.
+- It takes GPU ``local_rank`` to be ``cuda:<local_rank>``, and asks torch.cuda for its PCI address in the
+  torchrun agent process; this module asks for the device the rank actually uses, in the rank itself.
+- It exists only under torchrun; ``python -m training`` as one process on a GPU still pins here.
+So ours stays (tests/training/test_numa.py pins the torch facts above, so a torch that changes them shows).
+If a P5 measurement shows that binding whole ranks wins, the launcher can add ``--numa-binding=node`` (after
+checking for numactl) and set ``data.numa_affinity = false``.
 """
 
 from __future__ import annotations
@@ -32,7 +50,7 @@ def normalize_pci_bus_id(bus_id: str) -> str:
 
     nvidia-smi and NVML print ``00000000:53:00.0`` (8-digit domain); sysfs names ``0000:53:00.0``.
     """
-    match = _PCI_ADDRESS.match(bus_id.strip().lower())
+    match = _PCI_ADDRESS.fullmatch(bus_id.strip().lower())
     if not match:
         raise ValueError(f"PCI bus id {bus_id!r}: allowed: [domain:]bus:device.function, e.g. 0000:53:00.0")
     domain, bus, device, function = match.groups()

@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -19,29 +21,13 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from training.config_sections import DTYPE_NAMES, ParallelConfig
 from training.errors import ConfigError
 
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}  # parallel.*_dtype names -> torch dtypes
 TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class ParallelConfig:
-    """The ``[parallel]`` section."""
-
-    activation_checkpointing: bool = False  # recompute each block's activations in backward (less memory)
-    compile: bool = False  # torch.compile each transformer block (Inductor; slow to start on a CPU)
-    param_dtype: str = "bfloat16"  # FSDP2 MixedPrecisionPolicy: dtype params are gathered in for compute
-    reduce_dtype: str = "float32"  # FSDP2 MixedPrecisionPolicy: dtype of the gradient reduce-scatter
-    reshard_after_forward: bool = True  # free gathered block params after forward (ZeRO-3); False keeps them
-
-    def validate(self) -> None:
-        for name in ("param_dtype", "reduce_dtype"):
-            value = getattr(self, name)
-            if value not in DTYPES:
-                raise ConfigError(f"parallel.{name}={value!r}: allowed: {', '.join(DTYPES)}")
 
 
 @dataclass(frozen=True)
@@ -93,15 +79,17 @@ def build_data_parallel_mesh(info: DistInfo) -> DeviceMesh:
     return init_device_mesh(info.device.type, (info.world_size,), mesh_dim_names=("dp",))
 
 
-def apply_parallelism(model: nn.Module, cfg: ParallelConfig, mesh: DeviceMesh) -> None:
+def apply_parallelism(model: nn.Module, cfg: ParallelConfig, mesh: DeviceMesh, *,
+                      checkpoint_fn: Callable[..., Any] | None = None) -> None:
     """Wrap ``model`` (a training.model.Transformer, typically still on the meta device and already FP8
-    converted) in place: 1) activation checkpointing, 2) torch.compile, per block, 3) FSDP2 per block, then
-    the root. Parameter FQNs are unchanged except for checkpoint_wrapper's ``_checkpoint_wrapped_module.``
-    (which torch.distributed.checkpoint.state_dict removes)."""
+    converted) in place: 1) activation checkpointing (with ``checkpoint_fn``, the FP8 backend's, when it has
+    one), 2) torch.compile, per block, 3) FSDP2 per block, then the root. Parameter FQNs are unchanged except
+    for checkpoint_wrapper's ``_checkpoint_wrapped_module.`` (which torch.distributed.checkpoint.state_dict
+    removes)."""
     blocks = model.layers
     for i, block in enumerate(blocks):
         if cfg.activation_checkpointing:
-            block = apply_activation_checkpointing(block)
+            block = apply_activation_checkpointing(block, checkpoint_fn=checkpoint_fn)
         if cfg.compile:
             # Module.compile compiles in place, so FQNs get no "_orig_mod." and FSDP2's hooks stay outside
             # the compiled region (torchtitan's per-block compile); one graph per block is reused by all.
@@ -110,13 +98,18 @@ def apply_parallelism(model: nn.Module, cfg: ParallelConfig, mesh: DeviceMesh) -
     apply_fsdp(model, cfg, mesh)
 
 
-def apply_activation_checkpointing(block: nn.Module) -> nn.Module:
-    """The block wrapped so its forward is recomputed in backward (non-reentrant torch.utils.checkpoint).
+def apply_activation_checkpointing(block: nn.Module, *,
+                                   checkpoint_fn: Callable[..., Any] | None = None) -> nn.Module:
+    """The block wrapped so its forward is recomputed in backward: by ``checkpoint_fn(block, *args)`` when
+    given (Transformer Engine's checkpoint, which recomputes under TE's FP8 recipe), else by non-reentrant
+    torch.utils.checkpoint. Either way checkpoint_wrapper keeps the parameter FQNs the same.
 
     preserve_rng_state=False: the model has no dropout, so there is no RNG state to replay (torchtitan's
     setting; saving and restoring RNG state per block costs time)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
+    if checkpoint_fn is not None:
+        return checkpoint_wrapper(block, checkpoint_fn=checkpoint_fn)
     return checkpoint_wrapper(block, preserve_rng_state=False)
 
 

@@ -28,7 +28,7 @@ from training.config import TrainConfig
 from training.data import Batch, Prefetcher, build_batch_source
 from training.errors import ConfigError
 from training.faults import StopRequest
-from training.fp8 import Fp8Backend, build_fp8_backend
+from training.fp8 import Fp8Backend, build_fp8_backend, te_unverified_combinations
 from training.hardware import peak_bf16_tflops_per_gpu
 from training.metrics import MetricsLogger, ThroughputModel
 from training.model import ModelConfig, Transformer, flops_per_token, num_params
@@ -41,6 +41,7 @@ from training.parallelize import (
     destroy_distributed,
     init_distributed,
 )
+from training.preflight import run_preflight
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class TrainResult:
 def train(cfg: TrainConfig, *, resume: str = "auto") -> TrainResult:
     """Train per ``cfg``; ``resume`` is ``auto`` | ``none`` | a checkpoint path (checkpoint.resolve_resume).
     Collective: under torchrun every rank calls it."""
+    run_preflight(cfg, rank=int(os.environ.get("RANK", "0")))  # a bad setting fails here, before any build
     # 0) from here on a SIGTERM is a request to stop at the next step boundary, not an immediate death
     with StopRequest() as stop:
         return _build_and_train(cfg, resume, stop)
@@ -83,6 +85,10 @@ def _train_in_group(cfg: TrainConfig, resume: str, stop: StopRequest, dist_info:
     fp8 = build_fp8_backend(cfg.fp8)
     model = build_model(cfg.model, cfg.parallel, fp8, dist_info, seed=cfg.run.seed)
     log.info("model: %.2fM parameters, fp8 backend %s", num_params(model) / 1e6, fp8.name)
+    unverified = te_unverified_combinations(cfg.fp8, activation_checkpointing=cfg.parallel.activation_checkpointing)
+    if unverified and dist_info.is_main:
+        log.warning("Transformer Engine: not yet verified on a GPU by this project: %s; check them with "
+                    "`python benchmarks/te_checkpoint_check.py` (docs/benchmarks.md)", "; ".join(unverified))
 
     # 9) optimizer (FP8 backends that keep scales per weight update them after each step, below)
     optimizer = build_optimizer(model, cfg.optim)
@@ -94,6 +100,9 @@ def _train_in_group(cfg: TrainConfig, resume: str, stop: StopRequest, dist_info:
     resume_path = _agree_on_resume(resume, cfg.checkpoint.dir, dist_info.rank)
     if resume_path is not None:
         start_step = checkpointer.load(resume_path, model, optimizer).step
+        # what the straight run derived from these weights after the step that produced them (torchao's
+        # precomputed FP8 all-gather scales), derived again, so the next step runs the same code path
+        fp8.post_optimizer_step(model)
 
     # 11) the loop
     try:
@@ -117,8 +126,10 @@ def build_model(model_cfg: ModelConfig, parallel_cfg: ParallelConfig, fp8: Fp8Ba
     # 3) FP8: swap eligible nn.Linear for the backend's FP8 modules, before any wrapping
     fp8.convert(model)
 
-    # 4-6) activation checkpointing -> per-block torch.compile -> fully_shard per block, then the root
-    apply_parallelism(model, parallel_cfg, build_data_parallel_mesh(dist_info))
+    # 4-6) activation checkpointing (with the FP8 backend's recompute function, if it has one) -> per-block
+    #      torch.compile -> fully_shard per block, then the root
+    apply_parallelism(model, parallel_cfg, build_data_parallel_mesh(dist_info),
+                      checkpoint_fn=fp8.activation_checkpoint_fn())
 
     # 7) allocate the (sharded) parameters on the device
     model.to_empty(device=dist_info.device)

@@ -4,7 +4,7 @@ The stack's SSM document (cluster_constructs/jobs.py) runs this package on every
 ssm:SendCommand (docs/architecture.md section 5):
 
     python3 -m node_bootstrap.jobs start  --job-id J --config training/configs/X.toml --nodes N \
-        --gpus-per-node G --rendezvous-host IP --max-restarts R [--overrides "k=v k=v"]
+        --gpus-per-node G --rendezvous-host IP --max-restarts R [--overrides "k=v k=v"] [--resume-from J0]
     python3 -m node_bootstrap.jobs start  --job-id J --module training.commcheck --nodes N \
         --gpus-per-node G --rendezvous-host IP --max-restarts 0 [--overrides "min_busbw_gbps=350"]
     python3 -m node_bootstrap.jobs status --job-id J
@@ -15,7 +15,8 @@ restart of the SSM agent kills the processes in its cgroup. So `start` only laun
 (`python3 -m node_bootstrap.jobs supervise`) in its own systemd unit `training-job-<id>` and returns. The
 supervisor sources the training env file, runs torchrun, tees its output to the job log (which the
 CloudWatch agent ships to the stream `jobs/<id>/{instance_id}`), records status.json, and forwards SIGTERM
-to torchrun so the trainer checkpoints before it exits.
+to torchrun so the trainer checkpoints before it exits. torchrun and the trainer run as the unprivileged job
+user (node_bootstrap/accounts.py), which owns the job's checkpoint directory and log, never as root.
 
 Launchers: `systemd` (systemd-run; the default wherever systemd is PID 1) and `direct` (double fork and
 setsid; for containers and tests, where systemd is not running). Both run the same supervisor.
@@ -50,9 +51,12 @@ from node_bootstrap.jobs.control import (
 from node_bootstrap.jobs.errors import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, JobError
 from node_bootstrap.jobs.launch import (
     START_WAIT_SECONDS,
+    give_to,
+    job_account,
     launch_direct,
     launch_systemd,
     package_parent,
+    prepare_job_paths,
     start_job,
     supervisor_argv,
     systemd_available,
@@ -65,30 +69,42 @@ from node_bootstrap.jobs.logs import (
 )
 from node_bootstrap.jobs.settings import DEFAULT_NODE_CONFIG, JobSettings, load_settings, under_root
 from node_bootstrap.jobs.spec import (
+    CANCEL_AFTER_WAIT_SECONDS,
+    CHECKPOINT_DIR_KEY,
+    COMMAND_TIMEOUT_SECONDS,
     COMMCHECK_MODULE,
     CONFIG_RE,
     HOST_RE,
     JOB_ID_RE,
+    MAX_CANCEL_TIMEOUT_SECONDS,
     MODULES,
     OVERRIDE_RE,
     STATES,
     STOP_GRACE_SECONDS,
+    TORCHRUN_EXIT_SECONDS,
     TRAINING_MODULE,
     UNIT_PREFIX,
     JobFiles,
     JobSpec,
     build_option_args,
     build_torchrun_argv,
+    check_not_checkpoint_dir,
+    checkpoint_dir,
     read_json,
+    torchrun_shutdown_timeout,
     utc_now,
+    validate_cancel_timeout,
     validate_job_id,
     write_json_atomic,
 )
 from node_bootstrap.jobs.supervise import Supervisor, build_job_command, exit_code_of
 
 __all__ = [
+    "CANCEL_AFTER_WAIT_SECONDS",
+    "CHECKPOINT_DIR_KEY",
     "CLOUDWATCH_AGENT_CTL",
     "CLOUDWATCH_JOBS_CONFIG_DIR",
+    "COMMAND_TIMEOUT_SECONDS",
     "COMMCHECK_MODULE",
     "CONFIG_RE",
     "DEFAULT_NODE_CONFIG",
@@ -100,12 +116,14 @@ __all__ = [
     "JOB_ID_RE",
     "LOG_HEAD_BYTES",
     "LOG_TAIL_BYTES",
+    "MAX_CANCEL_TIMEOUT_SECONDS",
     "MODULES",
     "NCCL_NETWORK_ALIASES",
     "OVERRIDE_RE",
     "START_WAIT_SECONDS",
     "STATES",
     "STOP_GRACE_SECONDS",
+    "TORCHRUN_EXIT_SECONDS",
     "TRAINING_MODULE",
     "UNIT_PREFIX",
     "JobError",
@@ -121,12 +139,16 @@ __all__ = [
     "build_parser",
     "build_torchrun_argv",
     "cancel_job",
+    "check_not_checkpoint_dir",
+    "checkpoint_dir",
     "descendants",
     "exit_code_of",
     "find_busbw",
     "find_last_event",
     "find_last_step",
     "find_nccl_network",
+    "give_to",
+    "job_account",
     "job_status",
     "last_step",
     "launch_direct",
@@ -135,14 +157,17 @@ __all__ = [
     "main",
     "maybe_ship_job_log",
     "package_parent",
+    "prepare_job_paths",
     "process_alive",
     "read_json",
     "read_log_ends",
     "start_job",
     "supervisor_argv",
     "systemd_available",
+    "torchrun_shutdown_timeout",
     "under_root",
     "utc_now",
+    "validate_cancel_timeout",
     "validate_job_id",
     "wait_for_end",
     "write_json_atomic",

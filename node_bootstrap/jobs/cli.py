@@ -45,6 +45,14 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--overrides", default="",
                        help='space-separated "k=v k2=v2": training --set items, or for training.commcheck '
                        "its options (min_busbw_gbps=350 -> --min-busbw-gbps 350)")
+    start.add_argument("--resume-from", default="", metavar="JOB_ID",
+                       help="training: start from the newest complete checkpoint of that job's directory "
+                       "when this job's own has none (it still saves only to its own); default: only its own")
+    start.add_argument(
+        "--stop-grace-seconds", type=int, default=STOP_GRACE_SECONDS,
+        help="seconds from SIGTERM to SIGKILL: the unit's TimeoutStopSec, and torchrun's --shutdown-timeout "
+        "(this less 10 s) for the trainer's checkpoint (default %(default)s; the SSM document never sets it: "
+        "for drills and tests)")
     start.add_argument(
         "--launcher", choices=("auto", "systemd", "direct"), default="auto",
         help="systemd: systemd-run unit training-job-<id>; direct: double fork + setsid, for hosts where "
@@ -75,7 +83,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             spec = JobSpec(job_id=args.job_id, config=args.config, nodes=args.nodes,
                            gpus_per_node=args.gpus_per_node, rendezvous_host=args.rendezvous_host,
                            max_restarts=args.max_restarts, overrides=tuple(args.overrides.split()),
-                           module=args.module)
+                           module=args.module, stop_grace_seconds=args.stop_grace_seconds,
+                           resume_from=args.resume_from)
             result = start_job(settings, spec, args.node_config, args.launcher)
         elif args.command == "status":
             result = job_status(settings, args.job_id)

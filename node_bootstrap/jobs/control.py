@@ -19,6 +19,7 @@ from node_bootstrap.jobs.spec import (
     JobFiles,
     read_json,
     utc_now,
+    validate_cancel_timeout,
     validate_job_id,
     write_json_atomic,
 )
@@ -209,6 +210,7 @@ def cancel_job(settings: JobSettings, job_id: str,
                timeout_seconds: float = STOP_GRACE_SECONDS) -> dict[str, object]:
     """SIGTERM to the supervisor, which forwards it to torchrun so the trainer checkpoints; after
     `timeout_seconds`, SIGKILL to everything the job started, then stop the unit."""
+    validate_cancel_timeout(timeout_seconds)
     status = job_status(settings, job_id)
     if status.get("state") != "running":
         status["cancel"] = "already {}".format(status.get("state"))

@@ -2,6 +2,10 @@
 
 Launchers: `systemd` (systemd-run; the default wherever systemd is PID 1) and `direct` (double fork and
 setsid; for containers and tests, where systemd is not running). Both run the same supervisor.
+
+The job itself runs as the unprivileged job user (node_bootstrap/accounts.py), never as root: `start` gives
+that user the job's checkpoint directory and log file, and the supervisor (root, so that what root later
+reads and acts on, status.json and job.json, stays root's) starts torchrun as that user.
 """
 
 import os
@@ -10,15 +14,18 @@ import subprocess
 import sys
 import time
 
+from node_bootstrap.accounts import JOB_USER, Account, AccountError, read_account
 from node_bootstrap.jobs.errors import JobError
 from node_bootstrap.jobs.logs import maybe_ship_job_log
 from node_bootstrap.jobs.settings import JobSettings, under_root
 from node_bootstrap.jobs.spec import (
     STOP_GRACE_SECONDS,
+    TRAINING_MODULE,
     UNIT_PREFIX,
     JobFiles,
     JobSpec,
     build_torchrun_argv,
+    checkpoint_dir,
     read_json,
     utc_now,
     write_json_atomic,
@@ -43,13 +50,18 @@ def package_parent() -> str:
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def launch_systemd(files: JobFiles, argv: list[str]) -> None:
+def launch_systemd(files: JobFiles, argv: list[str], stop_grace_seconds: int = STOP_GRACE_SECONDS) -> None:
     # KillMode=mixed: `systemctl stop` and shutdown (capacity-block end, node drain) send SIGTERM to the
-    # supervisor only, which forwards it to torchrun; SIGKILL reaches the rest after TimeoutStopSec.
+    # supervisor only, which forwards it to torchrun; SIGKILL reaches the rest after TimeoutStopSec, the same
+    # grace torchrun's --shutdown-timeout is cut from (build_torchrun_argv).
     command = [
         "systemd-run", "--unit=" + files.unit, "--collect", "--no-block",
         "--description=training job " + files.unit[len(UNIT_PREFIX):],
-        "--property=KillMode=mixed", f"--property=TimeoutStopSec={STOP_GRACE_SECONDS}",
+        "--property=KillMode=mixed", f"--property=TimeoutStopSec={stop_grace_seconds}",
+        # The job user may pin all the memory EFA registers: ib_uverbs charges pinned pages to an unprivileged
+        # process's RLIMIT_MEMLOCK (kernel Documentation/infiniband/user_verbs.rst), and systemd's default is
+        # 8 MiB. NoNewPrivileges: nothing the job runs can gain privileges (setuid binaries such as sudo).
+        "--property=LimitMEMLOCK=infinity", "--property=NoNewPrivileges=yes",
         "--setenv=PYTHONPATH=" + package_parent(), "--",
     ] + argv
     result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -83,6 +95,44 @@ def launch_direct(files: JobFiles, argv: list[str]) -> None:
     os.waitpid(pid, 0)
 
 
+def job_account(settings: JobSettings) -> Account:
+    """The user jobs run as; a node without it (the jobuser boot step did not run) runs no job."""
+    try:
+        account = read_account(settings.root, JOB_USER)
+    except AccountError as e:
+        raise JobError(str(e)) from None
+    if account is None:
+        raise JobError(f"no user {JOB_USER} on this node, and jobs never run as root: create it with `sudo "
+                       "PYTHONPATH=/opt/cluster/bundle python3 -m node_bootstrap run --only jobuser`")
+    return account
+
+
+def give_to(account: Account, path: str) -> None:
+    """chown `path` to the job user (a no-op when it already is, and all a non-root caller can do)."""
+    info = os.stat(path)
+    if (info.st_uid, info.st_gid) != (account.uid, account.gid):
+        os.chown(path, account.uid, account.gid)
+
+
+def prepare_job_paths(settings: JobSettings, spec: JobSpec, files: JobFiles, account: Account) -> None:
+    """What the job user needs for this job: its log file, and (training) its own checkpoint directory.
+    The other job's directory a resume starts from is only read."""
+    os.makedirs(settings.job_log_dir, exist_ok=True)
+    with open(files.log_path, "ab"):
+        pass
+    give_to(account, files.log_path)
+    if spec.module != TRAINING_MODULE:
+        return
+    own = checkpoint_dir(settings, spec.job_id)
+    if os.path.lexists(own) and not os.path.isdir(own):
+        raise JobError(f"the job's checkpoint directory {own} exists and is not a directory")
+    os.makedirs(own, exist_ok=True)
+    give_to(account, own)
+    if spec.resume_from and not os.path.isdir(checkpoint_dir(settings, spec.resume_from)):
+        raise JobError(f"resume-from={spec.resume_from!r}: no checkpoint directory "
+                       f"{checkpoint_dir(settings, spec.resume_from)} on this node")
+
+
 def start_job(settings: JobSettings, spec: JobSpec, node_config: str, launcher: str = "auto",
               wait_seconds: float = START_WAIT_SECONDS) -> dict[str, object]:
     spec.validate()
@@ -91,9 +141,10 @@ def start_job(settings: JobSettings, spec: JobSpec, node_config: str, launcher: 
         raise JobError(f"job {spec.job_id} already exists on this node ({files.job_dir})")
     if launcher == "auto":
         launcher = "systemd" if systemd_available(settings.root) else "direct"
+    account = job_account(settings)
+    prepare_job_paths(settings, spec, files, account)
 
     os.makedirs(files.job_dir)
-    os.makedirs(settings.job_log_dir, exist_ok=True)
     write_json_atomic(files.spec_path, {
         "jobId": spec.job_id,
         "module": spec.module,
@@ -103,13 +154,16 @@ def start_job(settings: JobSettings, spec: JobSpec, node_config: str, launcher: 
         "logPath": files.log_path,
         "unit": files.unit,
         "launcher": launcher,
+        "stopGraceSeconds": spec.stop_grace_seconds,
+        "user": {"name": account.name, "uid": account.uid, "gid": account.gid, "groups": list(account.groups),
+                 "home": account.home},
         "createdAt": utc_now(),
     })
     cloudwatch = maybe_ship_job_log(settings, spec.job_id, files.log_path)
     argv = supervisor_argv(settings, node_config, spec.job_id)
     try:
         if launcher == "systemd":
-            launch_systemd(files, argv)
+            launch_systemd(files, argv, spec.stop_grace_seconds)
         else:
             launch_direct(files, argv)
     except (JobError, OSError, subprocess.TimeoutExpired) as e:

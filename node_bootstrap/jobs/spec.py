@@ -13,7 +13,19 @@ from node_bootstrap.jobs.settings import JobSettings
 
 UNIT_PREFIX = "training-job-"
 STATES = ("running", "succeeded", "failed", "cancelled")
-STOP_GRACE_SECONDS = 120  # systemd TimeoutStopSec: SIGTERM to the supervisor, then SIGKILL to the unit
+# The one budget from SIGTERM to SIGKILL for a job: systemd's TimeoutStopSec for its unit, and within it
+# torchrun's --shutdown-timeout (torch.distributed.run: SIGTERM to the workers, then SIGKILL after that many
+# seconds; without the option torchrun takes TORCH_ELASTIC_SHUTDOWN_TIMEOUT or 30 s, torch/distributed/
+# launcher/api.py), so the trainer's SIGTERM checkpoint gets almost all of it.
+STOP_GRACE_SECONDS = 120
+TORCHRUN_EXIT_SECONDS = 10  # of the grace: torchrun's own exit and the supervisor's status write after it
+# The SSM document's step (aws:runShellScript timeoutSeconds) stops a node command after this long.
+COMMAND_TIMEOUT_SECONDS = 900
+# What `cancel` may still need after its SIGTERM wait: up to 10 s for the end to be recorded after SIGKILL,
+# `systemctl stop` (bounded at STOP_GRACE_SECONDS + 30 s), and 60 s for start-up and the status reads.
+CANCEL_AFTER_WAIT_SECONDS = 10 + (STOP_GRACE_SECONDS + 30) + 60
+# The longest SIGTERM wait `cancel` takes: the rest of the step's time, so a cancel is never cut off by it.
+MAX_CANCEL_TIMEOUT_SECONDS = COMMAND_TIMEOUT_SECONDS - CANCEL_AFTER_WAIT_SECONDS
 
 # The SSM document's allowedPatterns (cluster_constructs/jobs.py) are the same expressions: SSM rejects a
 # bad value before anything runs, and this module rejects it again for direct callers.
@@ -28,6 +40,8 @@ COMMCHECK_MODULE = "training.commcheck"
 MODULES = (TRAINING_MODULE, COMMCHECK_MODULE)
 # commcheck's overrides become its options (key=value -> --key value, _ -> -): a plain key, no dots.
 _OPTION_KEY_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+# A job's checkpoints go to <checkpointRoot>/<job id> and nowhere else: the launcher sets this key itself.
+CHECKPOINT_DIR_KEY = "checkpoint.dir"
 
 
 def utc_now() -> str:
@@ -47,13 +61,17 @@ class JobSpec:
     # key=value items: training's --set overrides, or commcheck's options (build_option_args)
     overrides: tuple[str, ...] = field(default_factory=tuple)
     module: str = TRAINING_MODULE  # one of MODULES: what torchrun runs
+    stop_grace_seconds: int = STOP_GRACE_SECONDS  # SIGTERM to SIGKILL: the unit's and (less its exit) torchrun's
+    # training: another job whose checkpoints this one starts from when its own directory has none (the
+    # operator's explicit choice to load what that job's directory holds); "" = only its own
+    resume_from: str = ""
 
     def validate(self) -> None:
         validate_job_id(self.job_id)
         if self.module not in MODULES:
             raise JobError(f"module={self.module!r}: allowed: {', '.join(MODULES)}", EXIT_USAGE)
         if self.module == TRAINING_MODULE:
-            config_ok = bool(CONFIG_RE.match(self.config)) and ".." not in self.config.split("/")
+            config_ok = bool(CONFIG_RE.fullmatch(self.config)) and ".." not in self.config.split("/")
             config_allowed = "a .toml path of letters, digits, _ . / - without '..'"
         else:
             config_ok, config_allowed = self.config == "", f"empty: {self.module} takes no training config"
@@ -61,29 +79,58 @@ class JobSpec:
             ("config", self.config, config_ok, config_allowed),
             ("nodes", self.nodes, 1 <= self.nodes <= 4096, "1-4096"),
             ("gpus-per-node", self.gpus_per_node, 1 <= self.gpus_per_node <= 64, "1-64"),
-            ("rendezvous-host", self.rendezvous_host, bool(HOST_RE.match(self.rendezvous_host)),
+            ("rendezvous-host", self.rendezvous_host, bool(HOST_RE.fullmatch(self.rendezvous_host)),
              "an IP address or host name"),
             ("max-restarts", self.max_restarts, 0 <= self.max_restarts <= 100, "0-100"),
+            ("stop-grace-seconds", self.stop_grace_seconds,
+             TORCHRUN_EXIT_SECONDS < self.stop_grace_seconds <= 3600, f"{TORCHRUN_EXIT_SECONDS + 1}-3600"),
         ]
         for name, value, ok, allowed in checks:
             if not ok:
                 raise JobError(f"{name}={value!r}: allowed: {allowed}", EXIT_USAGE)
         for item in self.overrides:
-            if not OVERRIDE_RE.match(item):
+            if not OVERRIDE_RE.fullmatch(item):
                 raise JobError(
                     f"overrides item {item!r}: allowed: key=value with a dotted key and a value of letters, "
                     "digits and _ . : / + , @ % -",
                     EXIT_USAGE,
                 )
-            if self.module == COMMCHECK_MODULE and not _OPTION_KEY_RE.match(item.split("=", 1)[0]):
+            if self.module == COMMCHECK_MODULE and not _OPTION_KEY_RE.fullmatch(item.split("=", 1)[0]):
                 raise JobError(f"overrides item {item!r}: allowed for {self.module}: option=value with an "
                                "option name of a-z 0-9 _ (e.g. min_busbw_gbps=350)", EXIT_USAGE)
+            check_not_checkpoint_dir(item)
+        if self.resume_from:
+            if self.module != TRAINING_MODULE:
+                raise JobError(f"resume-from={self.resume_from!r}: allowed only for {TRAINING_MODULE}", EXIT_USAGE)
+            if not JOB_ID_RE.fullmatch(self.resume_from) or self.resume_from == self.job_id:
+                raise JobError(f"resume-from={self.resume_from!r}: allowed: the id of another job, whose "
+                               "checkpoint directory this job starts from", EXIT_USAGE)
+
+
+def check_not_checkpoint_dir(item: str) -> None:
+    """A --set of checkpoint.dir is refused: jobs write only their own directory, and --resume auto loads
+    only from there (a directory another job or the checkpoint bucket fills is trusted only on request)."""
+    if item.split("=", 1)[0].strip() == CHECKPOINT_DIR_KEY:
+        raise JobError(f"overrides item {item!r}: not allowed: a job's checkpoints go to <checkpoint root>/<job "
+                       "id>; to start from another job's checkpoints, resume from that job (clusterctl submit "
+                       "--resume-from JOB)", EXIT_USAGE)
+
+
+def validate_cancel_timeout(timeout_seconds: float) -> None:
+    if not 0 <= timeout_seconds <= MAX_CANCEL_TIMEOUT_SECONDS:  # false for nan
+        raise JobError(f"timeout-seconds={timeout_seconds!r}: allowed: 0-{MAX_CANCEL_TIMEOUT_SECONDS} (the SSM "
+                       f"command's {COMMAND_TIMEOUT_SECONDS} s less what cancel needs after SIGKILL)", EXIT_USAGE)
 
 
 def validate_job_id(job_id: str) -> None:
-    if not JOB_ID_RE.match(job_id):
+    if not JOB_ID_RE.fullmatch(job_id):
         raise JobError(f"job-id={job_id!r}: allowed: 3-63 of a-z 0-9 -, starting with a letter or digit",
                        EXIT_USAGE)
+
+
+def checkpoint_dir(settings: JobSettings, job_id: str) -> str:
+    """The job's own checkpoint directory: the only one it writes, and the one --resume auto reads."""
+    return f"{settings.checkpoint_root.rstrip('/')}/{job_id}"
 
 
 @dataclass(frozen=True)
@@ -130,10 +177,16 @@ def read_json(path: str) -> Optional[dict[str, object]]:
     return data if isinstance(data, dict) else None
 
 
+def torchrun_shutdown_timeout(stop_grace_seconds: int) -> int:
+    """torchrun's --shutdown-timeout inside a job's stop grace: the workers' time to save after SIGTERM."""
+    return stop_grace_seconds - TORCHRUN_EXIT_SECONDS
+
+
 def build_torchrun_argv(settings: JobSettings, spec: JobSpec) -> list[str]:
     """The command every node runs. c10d rendezvous on the first node: the same argv on every node, node
     ranks assigned by the rendezvous (torchrun docs, "Usage: multi-node multi-worker"). The trainer gets
-    its config, resume and a checkpoint directory per job; commcheck gets only its options."""
+    its config, resume (from its own directory; from another job's only with resume_from) and its own
+    checkpoint directory; commcheck gets only its options."""
     argv = [
         settings.python, "-m", "torch.distributed.run",
         "--nnodes", str(spec.nodes),
@@ -142,18 +195,18 @@ def build_torchrun_argv(settings: JobSettings, spec: JobSpec) -> list[str]:
         "--rdzv-endpoint", f"{spec.rendezvous_host}:{settings.rendezvous_port}",
         "--rdzv-id", spec.job_id,
         "--max-restarts", str(spec.max_restarts),
+        "--shutdown-timeout", str(torchrun_shutdown_timeout(spec.stop_grace_seconds)),
         "-m", spec.module,
     ]
     if spec.module == COMMCHECK_MODULE:
         return argv + build_option_args(spec.overrides)
-    argv += [
-        "--config", spec.config,
-        "--resume", "auto",
-        "--set", f"checkpoint.dir={settings.checkpoint_root.rstrip('/')}/{spec.job_id}",
-    ]
+    argv += ["--config", spec.config, "--resume", "auto"]
+    if spec.resume_from:
+        argv += ["--resume-from-dir", checkpoint_dir(settings, spec.resume_from)]
     for item in spec.overrides:
         argv += ["--set", item]
-    return argv
+    # last, so that it wins over the config file and anything before it (the trainer's --set: the last wins)
+    return argv + ["--set", f"{CHECKPOINT_DIR_KEY}={checkpoint_dir(settings, spec.job_id)}"]
 
 
 def build_option_args(overrides: tuple[str, ...]) -> list[str]:

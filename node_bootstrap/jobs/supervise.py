@@ -33,6 +33,19 @@ def exit_code_of(returncode: int) -> tuple[int, Optional[str]]:
     return 128 - returncode, name
 
 
+def job_identity(user: object) -> dict[str, object]:
+    """Popen's user, group and extra_groups for the job user recorded in job.json (plus its name and home
+    for the environment); empty when the supervisor already runs as that user (a test's fake root maps the
+    job user to whoever runs the tests)."""
+    if not isinstance(user, dict):
+        raise JobError("job.json names no user to run the job as; jobs never run as root")
+    uid, gid = int(user["uid"]), int(user["gid"])
+    if (uid, gid) == (os.geteuid(), os.getegid()):
+        return {}
+    return {"user": uid, "group": gid, "extra_groups": [int(g) for g in user.get("groups", [])],
+            "name": str(user["name"]), "home": str(user["home"])}
+
+
 class Supervisor:
     """Runs one job: the process behind the systemd unit (or the direct launcher's daemon)."""
 
@@ -87,17 +100,26 @@ class Supervisor:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (cwd, env.get("PYTHONPATH", "")) if p)
         env["PYTHONUNBUFFERED"] = "1"  # step lines reach the log (and CloudWatch) as they happen
         env["CLUSTER_JOB_ID"] = str(self.status["jobId"])
+        try:
+            identity = job_identity(self.spec.get("user"))
+        except JobError as e:
+            return self._finish("failed", None, error=str(e))
+        if identity:
+            name, home = str(identity.pop("name")), str(identity.pop("home"))
+            env.update(HOME=home, USER=name, LOGNAME=name)
         command = build_job_command(str(self.spec["envFile"]), argv)
         with open(str(self.spec["logPath"]), "ab") as log:
             log.write(("[node_bootstrap.jobs] {} start on {}: {}\n".format(
                 utc_now(), self.status["hostname"], " ".join(argv))).encode())
             log.flush()
             try:
+                # the job runs as the job user: setgroups, setgid, setuid in the child before exec
                 self.child = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                              start_new_session=True)
+                                              start_new_session=True, **identity)
             except OSError as e:
-                message = f"cannot run {command[0]}: {e.strerror}"
+                who = f" as {env.get('USER')}" if identity else ""
+                message = f"cannot run {command[0]}{who}: {e.strerror}"
                 log.write((f"[node_bootstrap.jobs] {message}\n").encode())
                 return self._finish("failed", 127, error=message)
             if self.terminate_requested:  # SIGTERM arrived while the child was being created

@@ -70,7 +70,9 @@ def test_existing_odcr_is_targeted_without_placement_group():
 
 def test_capacity_block_goes_into_the_launch_template_without_placement_group():
     stack, target, template = _capacity(
-        capacityMode="capacity-block", capacityReservationId="cr-0fedcba9876543210"
+        capacityMode="capacity-block",
+        capacityReservationId="cr-0fedcba9876543210",
+        reservationEndDate="2027-01-12T11:30:00Z",
     )
     template.resource_count_is("AWS::EC2::PlacementGroup", 0)
     template.resource_count_is("AWS::EC2::CapacityReservation", 0)

@@ -8,7 +8,7 @@ from aws_cdk.assertions import Match, Template
 from cdk_support import bare_stack, build_settings, resources_of
 
 from cluster_constructs.capacity import CapacityTarget
-from cluster_constructs.compute import NodeGroup, efa_network_interfaces, root_device_name
+from cluster_constructs.compute import SSM_AGENT_ACTIONS, NodeGroup, efa_network_interfaces, root_device_name
 from cluster_constructs.instance_types import INSTANCE_TYPES
 
 EXPECTED_EFA = {
@@ -21,7 +21,7 @@ EXPECTED_EFA = {
 }
 
 
-def _node_group(**overrides):
+def _node_group(download: tuple[str, str] | None = None, **overrides):
     settings = build_settings(**overrides)
     stack = bare_stack()
     vpc = ec2.Vpc(
@@ -53,6 +53,8 @@ def _node_group(**overrides):
         group_name="Test-nodes",
         desired_capacity=settings.compute.node_count,
     )
+    if download:
+        nodes.allow_object_download(bucket_name=download[0], object_key=download[1])
     return stack, nodes, Template.from_stack(stack)
 
 
@@ -136,31 +138,29 @@ def _statements(template) -> list[dict]:
     return [s for p in resources_of(template, "AWS::IAM::Policy") for s in p["PolicyDocument"]["Statement"]]
 
 
+def _actions(statement) -> list[str]:
+    return statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+
+
 def test_node_role_permissions_are_scoped(p5):
     _, _, template = p5
-    template.has_resource_properties(
-        "AWS::IAM::Role",
-        {
-            "ManagedPolicyArns": [
-                {
-                    "Fn::Join": [
-                        "",
-                        ["arn:", {"Ref": "AWS::Partition"}, ":iam::aws:policy/AmazonSSMManagedInstanceCore"],
-                    ]
-                }
-            ]
-        },
-    )
+    (role,) = [r["Properties"] for k, r in template.find_resources("AWS::IAM::Role").items() if k.startswith("Nodes")]
+    # no AmazonSSMManagedInstanceCore: its ssm:GetParameter(s) on * would read every parameter of the account
+    assert "ManagedPolicyArns" not in role
     by_action = {
         json.dumps(sorted(s["Action"]) if isinstance(s["Action"], list) else s["Action"]): s
         for s in _statements(template)
     }
+    assert {a.split(":")[0] for a in SSM_AGENT_ACTIONS} == {"ssm", "ssmmessages", "ec2messages"}
+    assert [a for a in SSM_AGENT_ACTIONS if a.startswith("ssm:")] == ["ssm:UpdateInstanceInformation"]
     tags = by_action[json.dumps(["ec2:CreateTags", "ec2:DeleteTags"])]
     assert tags["Condition"] == {
         "StringEquals": {"aws:ResourceTag/aws:autoscaling:groupName": "Test-nodes"},
         "ForAllValues:StringEquals": {"aws:TagKeys": ["cluster:bootstrap", "cluster:bootstrap-reason"]},
+        "Null": {"aws:TagKeys": "false"},  # no DeleteTags without keys (that deletes every tag)
     }
-    health = by_action[json.dumps("autoscaling:SetInstanceHealth")]
+    # minimizePolicies merges the statements on the group ARN without conditions into one.
+    health = by_action[json.dumps(["autoscaling:SetInstanceHealth", "autoscaling:SuspendProcesses"])]
     # {"Fn::Join": ["", ["arn:aws:autoscaling:us-east-1:", {"Ref": "AWS::AccountId"}, ":autoScalingGroup/..."]]}
     assert health["Resource"]["Fn::Join"][1][-1] == ":autoScalingGroup/*:autoScalingGroupName/Test-nodes"
     metrics = by_action[json.dumps("cloudwatch:PutMetricData")]
@@ -171,7 +171,36 @@ def test_node_role_permissions_are_scoped(p5):
         "arn:aws:logs:us-east-1:111122223333:log-group:/training-cluster/Test:log-stream:*",
     ]
     wildcard = [s for s in _statements(template) if s["Resource"] == "*"]
-    assert {json.dumps(s["Action"]) for s in wildcard} == {'"cloudwatch:PutMetricData"', '"ec2:DescribeTags"'}
+    # minimizePolicies merges statements with the same resource: compare the actions granted on "*"
+    granted = {(a, json.dumps(s.get("Condition"))) for s in wildcard for a in _actions(s)}
+    metrics_condition = json.dumps({"StringEquals": {"cloudwatch:namespace": ["CWAgent", "TrainingCluster"]}})
+    assert granted == {
+        *((a, "null") for a in [*SSM_AGENT_ACTIONS, "ec2:DescribeTags", "autoscaling:DescribeTags"]),
+        ("cloudwatch:PutMetricData", metrics_condition),
+    }
+    # Protected mode: its own group's tags (these keys only) and its ReplaceUnhealthy process.
+    group_tags = by_action[json.dumps(["autoscaling:CreateOrUpdateTags", "autoscaling:DeleteTags"])]
+    assert group_tags["Resource"] == health["Resource"]
+    assert group_tags["Condition"] == {"ForAllValues:StringLike": {"aws:TagKeys": [
+        "cluster:bootstrap-failure:*", "cluster:bootstrap-last-success", "cluster:protected"]}}
+    assert "Condition" not in health
+    # no S3 permission at all until the stack names the bundle object
+    assert not [s for s in _statements(template) if "s3:" in json.dumps(s["Action"])]
+
+
+def test_object_download_is_one_object_of_the_bucket():
+    _, _, template = _node_group(download=("cdk-assets-bucket", "0123abcd.zip"))
+    (statement,) = [s for s in _statements(template) if "s3:" in json.dumps(s["Action"])]
+    assert statement["Action"] == "s3:GetObject"
+    assert statement["Resource"] == "arn:aws:s3:::cdk-assets-bucket/0123abcd.zip"  # the region's partition
+
+
+def test_group_tag_keys_match_what_the_nodes_write():
+    from cluster_constructs.compute import GROUP_TAG_KEY_PATTERNS
+    from node_bootstrap import protection
+
+    assert GROUP_TAG_KEY_PATTERNS == [protection.FAILURE_TAG_PREFIX + "*", protection.LAST_SUCCESS_TAG,
+                                      protection.PROTECTED_TAG]
 
 
 def test_odcr_is_targeted_by_the_group_reservations_only():
@@ -193,6 +222,7 @@ def test_capacity_block_in_the_launch_template():
         capacityMode="capacity-block",
         capacityReservationId="cr-0fedcba9876543210",
         instanceType="p5en.48xlarge",
+        reservationEndDate="2027-01-12T11:30:00Z",
     )
     template.has_resource_properties(
         "AWS::EC2::LaunchTemplate",

@@ -62,3 +62,9 @@ def test_find_by_cuda_device_name():
     assert find_by_gpu_name("NVIDIA A100-SXM4-40GB").gpu_model == "A100"
     assert find_by_gpu_name("NVIDIA B200").name == "p6-b200.48xlarge"
     assert find_by_gpu_name("cpu") is None
+
+
+@pytest.mark.parametrize("name", ["NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA H200 NVL", "NVIDIA A100-PCIE-40GB"])
+def test_pcie_and_nvl_boards_match_no_instance_type(name):
+    # same GPU model as a catalog entry, a lower peak (H100 PCIe: 756 dense BF16 TFLOP/s, not the SXM's 989)
+    assert find_by_gpu_name(name) is None

@@ -1,7 +1,7 @@
 """JobRunner in a bare Stack: the SSM document (parameters, patterns, script) and the operator policy."""
 
+import json
 import re
-import shlex
 import subprocess
 
 import aws_cdk as cdk
@@ -52,7 +52,8 @@ def test_every_parameter_is_constrained(built):
     _, _, template = built
     parameters = document_content(template)["parameters"]
     assert set(parameters) == {"action", "jobId", "module", "config", "nodes", "gpusPerNode",
-                               "rendezvousHost", "maxRestarts", "overrides", "cancelTimeoutSeconds"}
+                               "rendezvousHost", "maxRestarts", "overrides", "resumeFrom",
+                               "cancelTimeoutSeconds"}
     assert parameters["action"]["allowedValues"] == ["start", "status", "cancel"]
     assert parameters["module"]["allowedValues"] == ["training", "training.commcheck"]
     assert parameters["module"]["default"] == "training"
@@ -72,7 +73,8 @@ def test_every_parameter_is_constrained(built):
         ("overrides", "a=1;id"), ("overrides", "a=$(id)"), ("overrides", 'a="x y"'),
         ("overrides", "a=1  b=2"),
         ("overrides", "a=1\nid"), ("nodes", "0"), ("nodes", "1|id"), ("maxRestarts", "-1"),
-        ("gpusPerNode", "8 "),
+        ("gpusPerNode", "8 "), ("cancelTimeoutSeconds", "999"), ("cancelTimeoutSeconds", "681"),
+        ("resumeFrom", "../j-1"), ("resumeFrom", "j-1;id"),
     ],
 )
 def test_patterns_reject_shell_metacharacters(name, value):
@@ -88,59 +90,101 @@ def test_patterns_reject_shell_metacharacters(name, value):
         ("config", "/fsx/configs/run_7.toml"), ("rendezvousHost", "10.0.12.34"), ("nodes", "16"),
         ("overrides", "optim.lr=3e-4 train.steps=1000 data.path=/fsx/data/tok-v2"), ("overrides", ""),
         ("overrides", "sizes_mib=64,1024 min_busbw_gbps=350.0 iters=20"),
-        ("maxRestarts", "3"), ("cancelTimeoutSeconds", "120"), ("gpusPerNode", "8"),
+        ("maxRestarts", "3"), ("cancelTimeoutSeconds", "120"), ("cancelTimeoutSeconds", "0"),
+        ("gpusPerNode", "8"), ("resumeFrom", ""), ("resumeFrom", "j-20261119-101500-0a0b"),
     ],
 )
 def test_patterns_accept_what_clusterctl_sends(name, value):
     assert re.fullmatch(PARAMETERS[name]["allowedPattern"], value)
 
 
-def render(script_lines, values):
-    """SSM's substitution: each {{ name }} replaced by the parameter value, text for text."""
-    script = "\n".join(script_lines)
+# A python3 that records the argv the script hands it: what node_bootstrap.jobs would receive.
+RECORDING_PYTHON = """#!/bin/sh
+printf '%s\\0' "$@" > "$ARGV_FILE"
+"""
+
+
+def run_script(tmp_path, values, lines=None, env_prefix="SSM_"):
+    """Runs the document's script as the SSM agent does with interpolationType ENV_VAR: every parameter (its
+    value, else its default) in the environment as SSM_<name>. Returns the node launcher's argv after
+    `-m node_bootstrap.jobs`, or None when it was not called, and the completed process."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "python3").write_text(RECORDING_PYTHON)
+    (bin_dir / "python3").chmod(0o755)
+    argv_file = tmp_path / "argv"
+    argv_file.unlink(missing_ok=True)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "ARGV_FILE": str(argv_file)}
     for name, spec in PARAMETERS.items():
-        script = script.replace("{{ " + name + " }}", values.get(name, spec.get("default", "")))
-    return script
+        value = values.get(name, spec.get("default"))
+        if value is not None:
+            env[env_prefix + name] = value
+    script = "\n".join(lines or build_job_script("/opt/cluster/bundle")) + "\n"
+    done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30,
+                          cwd=tmp_path)
+    if not argv_file.exists():
+        return None, done
+    argv = argv_file.read_text().split("\0")[:-1]
+    assert argv[:2] == ["-m", "node_bootstrap.jobs"], argv
+    return argv[2:], done
 
 
-def command_for(script, action):
-    (line,) = [line for line in script.splitlines() if line.strip().startswith(action + ")")]
-    words = shlex.split(line.split(")", 1)[1].rstrip(" ;"))
-    assert words[:4] == ["exec", "python3", "-m", "node_bootstrap.jobs"]
-    return words[4:]
+def test_every_parameter_reaches_the_script_as_an_environment_variable(built):
+    _, _, template = built
+    content = document_content(template)
+    assert {spec["interpolationType"] for spec in content["parameters"].values()} == {"ENV_VAR"}
+    script = "\n".join(content["mainSteps"][0]["inputs"]["runCommand"])
+    assert "{{" not in script  # no value is pasted into the script's text
+    for name in content["parameters"]:
+        assert f'"$SSM_{name}"' in script, name
 
 
-def test_script_passes_every_parameter_to_the_node_launcher(built):
+def test_script_passes_every_parameter_to_the_node_launcher(built, tmp_path):
     _, _, template = built
     lines = document_content(template)["mainSteps"][0]["inputs"]["runCommand"]
     assert lines == build_job_script("/opt/cluster/bundle")
+    assert "export PYTHONPATH=/opt/cluster/bundle" in lines
     values = {"action": "start", "jobId": "j-20261120-231502-ab12", "config": "training/configs/tiny.toml",
               "nodes": "4", "gpusPerNode": "8", "rendezvousHost": "10.0.1.17", "maxRestarts": "2",
-              "overrides": "optim.lr=3e-4 train.steps=10", "cancelTimeoutSeconds": "60"}
-    script = render(lines, values)
-    assert "export PYTHONPATH=/opt/cluster/bundle" in script
-    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
-
+              "overrides": "optim.lr=3e-4 train.steps=10", "cancelTimeoutSeconds": "60",
+              "resumeFrom": "j-20261119-101500-0a0b"}
     parser = node_jobs.build_parser()
-    start = parser.parse_args(command_for(script, "start"))
+    start = parser.parse_args(run_script(tmp_path, values, lines)[0])
     assert (start.command, start.job_id, start.module, start.config, start.nodes, start.gpus_per_node,
-            start.rendezvous_host, start.max_restarts, start.overrides) == (
+            start.rendezvous_host, start.max_restarts, start.overrides, start.resume_from) == (
         "start", "j-20261120-231502-ab12", "training", "training/configs/tiny.toml", 4, 8, "10.0.1.17", 2,
-        "optim.lr=3e-4 train.steps=10")
-    status = parser.parse_args(command_for(script, "status"))
+        "optim.lr=3e-4 train.steps=10", "j-20261119-101500-0a0b")
+    status = parser.parse_args(run_script(tmp_path, {**values, "action": "status"}, lines)[0])
     assert (status.command, status.job_id) == ("status", "j-20261120-231502-ab12")
-    cancel = parser.parse_args(command_for(script, "cancel"))
+    cancel = parser.parse_args(run_script(tmp_path, {**values, "action": "cancel"}, lines)[0])
     assert (cancel.command, cancel.job_id, cancel.timeout_seconds) == (
         "cancel", "j-20261120-231502-ab12", 60.0)
 
 
-def test_script_starts_a_commcheck_without_a_config():
+@pytest.mark.parametrize("value", ["$(touch pwned)", "`touch pwned`", 'x"; touch pwned; echo "',
+                                   "x' ; touch pwned #", "a b\nc", "${IFS}touch${IFS}pwned"])
+def test_a_value_is_one_word_that_bash_never_parses(tmp_path, value):
+    # Past the allowedPattern (which SSM checks first): even then the value is data, not script.
+    argv, done = run_script(tmp_path, {"action": "start", "jobId": "j-1", "overrides": value,
+                                       "rendezvousHost": value, "config": value})
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "pwned").exists()
+    start = node_jobs.build_parser().parse_args(argv)
+    assert (start.overrides, start.rendezvous_host, start.config) == (value, value, value)
+
+
+def test_an_agent_without_environment_interpolation_fails_with_one_json_line(tmp_path):
+    argv, done = run_script(tmp_path, {"action": "status", "jobId": "j-1"}, env_prefix="OLD_")
+    assert argv is None and done.returncode == node_jobs.EXIT_USAGE
+    (line,) = done.stdout.splitlines()
+    assert "SSM Agent >= 3.3.2746.0" in json.loads(line)["error"]
+
+
+def test_script_starts_a_commcheck_without_a_config(tmp_path):
     values = {"action": "start", "jobId": "j-20261120-231502-cc01", "module": "training.commcheck",
               "nodes": "2", "rendezvousHost": "10.0.1.17", "maxRestarts": "0",
               "overrides": "sizes_mib=64,1024 min_busbw_gbps=350.0"}
-    script = render(build_job_script("/opt/cluster/bundle"), values)
-    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
-    start = node_jobs.build_parser().parse_args(command_for(script, "start"))
+    start = node_jobs.build_parser().parse_args(run_script(tmp_path, values)[0])
     assert (start.module, start.config, start.nodes, start.gpus_per_node, start.max_restarts) == (
         "training.commcheck", "", 2, 8, 0)
     spec = node_jobs.JobSpec(job_id=start.job_id, config=start.config, nodes=start.nodes,
@@ -152,11 +196,20 @@ def test_script_starts_a_commcheck_without_a_config():
         "--sizes-mib", "64,1024", "--min-busbw-gbps", "350.0"]
 
 
-def test_script_with_defaults_parses_for_status(built):
-    script = render(build_job_script("/opt/cluster/bundle"), {"action": "status", "jobId": "j-x-1"})
-    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
-    start = node_jobs.build_parser().parse_args(command_for(script, "start"))
-    assert (start.overrides, start.module) == ("", "training")
+def test_a_status_that_sends_only_action_and_job_id_runs_with_the_defaults(tmp_path):
+    argv, done = run_script(tmp_path, {"action": "status", "jobId": "j-x-1"})
+    assert node_jobs.build_parser().parse_args(argv).job_id == "j-x-1", done.stderr
+
+
+def test_the_longest_cancel_fits_in_the_command_timeout(built):
+    _, _, template = built
+    content = document_content(template)
+    step_timeout = int(content["mainSteps"][0]["inputs"]["timeoutSeconds"])
+    pattern = re.compile(content["parameters"]["cancelTimeoutSeconds"]["allowedPattern"])
+    allowed = [n for n in range(0, 10_000) if pattern.fullmatch(str(n))]
+    assert allowed == list(range(node_jobs.MAX_CANCEL_TIMEOUT_SECONDS + 1))
+    # the SIGTERM wait, then what cancel does after it, within the step's own limit
+    assert max(allowed) + node_jobs.CANCEL_AFTER_WAIT_SECONDS <= step_timeout
 
 
 def statement(template, sid):

@@ -15,6 +15,7 @@ from metric_contract import (
     agent_published,
     alarm_references,
     aws_published,
+    cli_published,
     dashboard_bodies,
     dashboard_references,
     emf_published,
@@ -80,9 +81,25 @@ def trainer_lines(monkeypatch) -> list[str]:
     return [line for line in err.getvalue().splitlines() if line.startswith('{"_aws"')]
 
 
+def protection_argvs() -> list[tuple[str, ...]]:
+    """What node_bootstrap/protection.py runs to publish protected mode (its real code, commands recorded)."""
+    from node_bootstrap.protection import _Group
+
+    class Recorder:
+        calls: list[tuple[str, ...]] = []
+
+        def run(self, argv, **_):
+            self.calls.append(tuple(argv))
+
+    recorder = Recorder()
+    _Group("us-east-1", GROUP, recorder).put_metric(1)
+    return recorder.calls
+
+
 @pytest.fixture
 def produced(stack, node_config, tmp_path, monkeypatch):
     return {
+        "protection": cli_published(protection_argvs()),
         "agent": agent_published(node_config["cloudwatchAgent"]),
         "efa": emf_published(efa_lines(tmp_path, node_config)),
         "trainer": emf_published(trainer_lines(monkeypatch)),
@@ -112,11 +129,13 @@ def test_every_alarm_metric_has_a_producer(stack, produced):
 
 def test_searches_and_alarms_are_pinned_to_this_cluster(stack):
     for ref in dashboard_references(stack.template_json) + alarm_references(stack.template_json):
-        pins = dict(ref.filters)
-        if ref.namespace in ("CWAgent", "AWS/AutoScaling") or ref.name.startswith("Efa"):
-            assert pins.get("AutoScalingGroupName", "").strip('"') == GROUP, ref
-        elif ref.namespace == "TrainingCluster":
-            assert pins.get("Cluster", "").strip('"') == CLUSTER, ref
+        pins = {k: v.strip('"') for k, v in ref.filters}
+        if "AutoScalingGroupName" in ref.dimensions:
+            assert pins.get("AutoScalingGroupName") == GROUP, ref
+        elif "Cluster" in ref.dimensions:
+            assert pins.get("Cluster") == CLUSTER, ref
+        else:
+            assert ref.dimensions == {"FileSystemId"} and "FileSystemId" in pins, ref
 
 
 def test_the_check_fails_for_a_dropped_measurement_or_a_renamed_emf_metric(stack, node_config, produced):
@@ -164,7 +183,7 @@ def test_user_data_carries_the_agent_config_at_the_configured_interval(synth):
     assert all(p["metrics_collection_interval"] == 60 for p in agent["metrics"]["metrics_collected"].values())
     assert agent["metrics"]["append_dimensions"] == {"AutoScalingGroupName": "${aws:AutoScalingGroupName}",
                                                      "InstanceId": "${aws:InstanceId}"}
-    assert config["metrics"]["autoScalingGroupName"] == GROUP
+    assert config["bootstrap"]["autoScalingGroupName"] == GROUP
 
 
 def test_operators_may_read_what_clusterctl_top_reads(stack):

@@ -20,10 +20,11 @@ def _rendered(**overrides) -> dict:
         compute=settings.compute,
         storage=settings.storage,
         observability=settings.observability,
-        auto_scaling_group_name="TrainingClusterStack-nodes",
         file_system_dns_name="fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com",
         file_system_mount_name="abcdefgh",
         log_group_name="/training-cluster/TrainingClusterStack",
+        bootstrap=settings.bootstrap,
+        auto_scaling_group_name="TrainingClusterStack-nodes",
     )
 
 
@@ -39,6 +40,7 @@ def test_expected_counts_come_from_the_catalog():
         "gpuMemoryGiB": 141,
         "efaInterfaceCount": 16,
         "nvmeDeviceCount": 8,
+        "nvswitch": True,
     }
     assert config["lustre"]["efaEnabled"] is True
     assert config["scratch"]["mountPoint"] == "/local"
@@ -47,3 +49,15 @@ def test_expected_counts_come_from_the_catalog():
 def test_node_side_parser_accepts_what_the_stack_renders():
     config = parse_node_config(json.loads(json.dumps(_rendered(instanceType="p4d.24xlarge"))))
     assert config.expected.efa_interface_count == 4
+
+
+def test_bootstrap_section_carries_the_deadline_and_protected_mode_settings():
+    config = _rendered(bootstrapTimeoutMinutes="30", protectedModeFailures="5", protectedModeWindowMinutes="90")
+    assert config["bootstrap"] == {
+        "deadlineSeconds": 1800,
+        "autoScalingGroupName": "TrainingClusterStack-nodes",
+        "protectedModeFailures": 5,
+        "protectedModeWindowSeconds": 5400,
+    }
+    parsed = parse_node_config(json.loads(json.dumps(config)))
+    assert parsed.bootstrap.deadline_seconds == 1800 and parsed.expected.nvswitch is True

@@ -20,6 +20,7 @@ def template():
         log_group_name="/training-cluster/Test",
     )
     observability.add_node_alarm(auto_scaling_group_name="Test-nodes")
+    observability.add_protected_mode_alarm(auto_scaling_group_name="Test-nodes")
     observability.add_file_system_alarm(file_system_id="fs-0123456789abcdef0", storage_capacity_gib=4800)
     return Template.from_stack(stack)
 
@@ -72,6 +73,26 @@ def test_file_system_full_alarm(template):
             "ComparisonOperator": "LessThanThreshold",
             "Threshold": 4800 * 1024**3 * 0.1,
             "Dimensions": [{"Name": "FileSystemId", "Value": "fs-0123456789abcdef0"}],
+        },
+    )
+
+
+def test_protected_mode_alarm_keeps_its_state_until_a_node_boots_cleanly(template):
+    from node_bootstrap import protection
+
+    template.has_resource_properties(
+        "AWS::CloudWatch::Alarm",
+        {
+            "MetricName": protection.PROTECTED_MODE_METRIC,
+            "Namespace": protection.METRIC_NAMESPACE,
+            "Statistic": "Maximum",
+            "Period": 60,
+            "ComparisonOperator": "GreaterThanOrEqualToThreshold",
+            "Threshold": 1,
+            "TreatMissingData": "ignore",
+            "Dimensions": [{"Name": "AutoScalingGroupName", "Value": "Test-nodes"}],
+            "AlarmDescription": Match.string_like_regexp("group tag cluster:protected of Test-nodes"),
+            "AlarmActions": [{"Ref": Match.string_like_regexp("^ObsAlarmTopic")}],
         },
     )
 

@@ -57,23 +57,21 @@ def test_buckets_are_encrypted_private_and_ssl_only(created):
         assert deny and deny[0]["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
 
 
-def test_checkpoints_are_versioned_with_old_versions_expiring(created):
-    _, template = created
-    template.has_resource_properties(
-        "AWS::S3::Bucket",
-        {
-            "VersioningConfiguration": {"Status": "Enabled"},
-            "LifecycleConfiguration": {
-                "Rules": Match.array_with(
-                    [
-                        Match.object_like(
-                            {"NoncurrentVersionExpiration": {"NoncurrentDays": 30}, "Status": "Enabled"}
-                        )
-                    ]
-                )
-            },
-        },
-    )
+def test_data_and_checkpoints_are_versioned_with_old_versions_expiring():
+    _, template = _storage(checkpointVersionRetentionDays="30", dataVersionRetentionDays="90")
+    buckets = {
+        logical_id: b["Properties"]
+        for logical_id, b in template.find_resources("AWS::S3::Bucket").items()
+        if not logical_id.startswith("StorageAccessLogs")
+    }
+    days = {}
+    for logical_id, props in buckets.items():
+        assert props["VersioningConfiguration"] == {"Status": "Enabled"}, logical_id
+        (rule,) = props["LifecycleConfiguration"]["Rules"]
+        assert rule["Status"] == "Enabled" and rule["AbortIncompleteMultipartUpload"] == {"DaysAfterInitiation": 7}
+        days[logical_id.removeprefix("Storage")[:4]] = rule["NoncurrentVersionExpiration"]["NoncurrentDays"]
+    # a deleted or overwritten shard or checkpoint stays recoverable for the configured days
+    assert days == {"Data": 90, "Chec": 30}
 
 
 def test_lustre_is_persistent_2_with_lz4_and_metadata(created):
@@ -94,17 +92,19 @@ def test_lustre_is_persistent_2_with_lz4_and_metadata(created):
     )
 
 
-def test_data_repository_associations_sync_both_ways(created):
+def test_data_is_import_only_and_checkpoints_sync_both_ways(created):
     _, template = created
     associations = {
         a["FileSystemPath"]: a for a in resources_of(template, "AWS::FSx::DataRepositoryAssociation")
     }
     assert set(associations) == {"/data", "/checkpoints"}
+    # A file deleted or written under /fsx/data never reaches the data bucket: no export on /data.
+    assert associations["/data"]["S3"] == {"AutoImportPolicy": {"Events": ["NEW", "CHANGED", "DELETED"]}}
+    assert associations["/checkpoints"]["S3"] == {
+        "AutoImportPolicy": {"Events": ["NEW", "CHANGED", "DELETED"]},
+        "AutoExportPolicy": {"Events": ["NEW", "CHANGED", "DELETED"]},
+    }
     for association in associations.values():
-        assert association["S3"] == {
-            "AutoImportPolicy": {"Events": ["NEW", "CHANGED", "DELETED"]},
-            "AutoExportPolicy": {"Events": ["NEW", "CHANGED", "DELETED"]},
-        }
         assert association["BatchImportMetaDataOnCreate"] is True
 
 
@@ -131,6 +131,10 @@ def test_existing_buckets_are_imported_not_created():
         for a in resources_of(template, "AWS::FSx::DataRepositoryAssociation")
     }
     assert paths == {"/data": "s3://team-data", "/checkpoints": "s3://team-ckpt"}
+    # the user's own data bucket is linked import-only too
+    associations = resources_of(template, "AWS::FSx::DataRepositoryAssociation")
+    (data,) = [a for a in associations if a["FileSystemPath"] == "/data"]
+    assert "AutoExportPolicy" not in data["S3"]
     template.has_resource_properties(
         "AWS::FSx::FileSystem",
         {

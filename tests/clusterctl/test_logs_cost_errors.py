@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import boto3
 import pytest
@@ -120,6 +121,15 @@ def test_cost_of_a_plan_from_the_catalog(cli):
     # 4 x $55.04 x 168 h (cluster_constructs/instance_types.py)
     assert result.lines[0] == "plan: 4 x p5.48xlarge for 168.00 h = $36,986.88 ($220.16/h, 5,376 GPU-hours)"
     assert "$55.04 per instance-hour" in result.lines[1]
+
+
+@pytest.mark.parametrize("hours", ["nan", "inf", "-1", "-0.5", "NaN", "lots"])
+def test_cost_refuses_hours_that_are_not_a_finite_number_of_hours(cli, capsys, hours):
+    with pytest.raises(SystemExit) as exit_info:
+        cli("cost", "--nodes", "4", "--hours", hours)
+    assert exit_info.value.code == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"argument --hours: {hours!r}: allowed: a number of hours >= 0" in err and "$" not in err
 
 
 def test_cost_needs_a_plan_or_a_job(cli):
@@ -237,4 +247,98 @@ def test_global_options_before_or_after_the_command(argv):
         True,
         None,
         False,
+    )
+
+
+PROXY_PAGE = (
+    b"<html>\r\n<head><title>403 Forbidden</title></head>\r\n<body>\r\n<center><h1>403 Forbidden</h1>"
+    b"</center>\r\n<hr><center>corporate-proxy</center>\r\n</body>\r\n</html>\r\n"
+)
+
+
+@pytest.fixture()
+def html_endpoint():
+    """An endpoint on 127.0.0.1 that answers every request the way a proxy or firewall does: HTTP 403 with
+    an HTML page instead of an AWS error."""
+    import http.server
+    import threading
+
+    endpoint = SimpleNamespace(page=PROXY_PAGE, url="")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response(403)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(endpoint.page)))
+            self.end_headers()
+            self.wfile.write(endpoint.page)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    endpoint.url = f"http://127.0.0.1:{server.server_port}"
+    yield endpoint
+    server.shutdown()
+    server.server_close()
+
+
+def test_an_html_error_page_is_one_line(cli, monkeypatch, html_endpoint):
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    # SSM speaks JSON: botocore puts the unparsed HTML page, newlines and all, into the error message.
+    ssm = boto3.client("ssm", region_name="us-east-1", endpoint_url=html_endpoint.url)
+    cli.context.clients["ssm"] = ssm
+    cloudformation = boto3.client("cloudformation", region_name="us-east-1")
+    cli.context.clients["cloudformation"] = cloudformation
+    with Stubber(cloudformation) as stub:
+        outputs = {"AutoScalingGroupName": "g", "LogGroupName": "l", "JobDocumentName": "d",
+                   "InstanceType": "p5.48xlarge", "NodeCount": "2", "CapacityMode": "on-demand"}
+        stub.add_response("describe_stacks", {"Stacks": [{
+            "StackName": "TrainingClusterStack", "StackStatus": "CREATE_COMPLETE",
+            "CreationTime": datetime.datetime(2026, 11, 1, tzinfo=datetime.UTC),
+            "Outputs": [{"OutputKey": k, "OutputValue": v} for k, v in outputs.items()]}]})
+        result = cli("status", JOB)
+    assert result.code == EXIT_ENDPOINT
+    assert result.err == (
+        "clusterctl: error: ListCommands failed: HTTP 403: the endpoint answered with an HTML page (403 "
+        "Forbidden), not an AWS error: is a proxy or firewall between you and AWS?\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "page, message",
+    [
+        # not well-formed XML (<hr> is never closed): botocore's parser gives up with the body in its message
+        (PROXY_PAGE, "the AWS endpoint answered with an HTML page (403 Forbidden), not an AWS response"),
+        # well-formed: botocore finds no AWS error in it
+        (b"<html><head><title>403</title></head><body>denied</body></html>",
+         "DescribeStacks failed: HTTP 403 with no AWS error in the answer"),
+    ],
+    ids=["unparseable", "well-formed"],
+)
+def test_an_html_answer_to_a_query_protocol_call_is_one_line(cli, monkeypatch, html_endpoint, page, message):
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    html_endpoint.page = page
+    cli.context.clients["cloudformation"] = boto3.client(
+        "cloudformation", region_name="us-east-1", endpoint_url=html_endpoint.url
+    )
+    result = cli("nodes")
+    assert result.code == EXIT_ENDPOINT
+    assert result.err == f"clusterctl: error: {message}: is a proxy or firewall between you and AWS?\n"
+
+
+def test_any_error_message_is_printed_as_one_line(cli, monkeypatch):
+    from clusterctl import commands
+
+    def boom(args, runtime):
+        raise RuntimeError("first line\nsecond line\n\tthird")
+
+    monkeypatch.setattr(commands, "nodes", boom)
+    result = cli("nodes")
+    assert result.err == (
+        "clusterctl: error: unexpected RuntimeError: first line second line third (rerun with --debug for "
+        "the traceback)\n"
     )

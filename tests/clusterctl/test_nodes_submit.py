@@ -1,6 +1,10 @@
 """nodes and submit against moto: Auto Scaling, EC2 tags, CloudFormation outputs, SSM SendCommand."""
 
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import boto3
 import pytest
@@ -42,7 +46,7 @@ def test_submit_sends_one_command_to_every_ready_node(cli, sent, cluster, fakes)
         "--set",
         "optim.lr=3e-4",
         "--set",
-        "train.steps=100",
+        "run.steps=100",
         "--max-restarts",
         "2",
     )
@@ -54,7 +58,7 @@ def test_submit_sends_one_command_to_every_ready_node(cli, sent, cluster, fakes)
         f"follow it with: clusterctl logs {job_id} --follow"
     )
     (command,) = sent
-    assert command["DocumentName"] == fakes.DOCUMENT and command["DocumentVersion"] == "$LATEST"
+    assert command["DocumentName"] == fakes.DOCUMENT and command["DocumentVersion"] == "$DEFAULT"
     assert command["InstanceIds"] == cluster.instance_ids
     assert command["Parameters"] == {
         "action": ["start"],
@@ -64,7 +68,7 @@ def test_submit_sends_one_command_to_every_ready_node(cli, sent, cluster, fakes)
         "gpusPerNode": ["8"],
         "rendezvousHost": [cluster.private_ips[0]],
         "maxRestarts": ["2"],
-        "overrides": ["optim.lr=3e-4 train.steps=100"],
+        "overrides": ["optim.lr=3e-4 run.steps=100"],
     }
     assert command["Comment"] == f"clusterctl start {job_id}"
 
@@ -120,6 +124,65 @@ def test_submit_rejects_bad_input_before_any_aws_call(cli, sent, cluster):
     )
     assert cli("submit", "--config", "x.yaml").code == EXIT_USAGE
     assert sent == []
+
+
+@pytest.mark.parametrize(
+    ("config", "item", "message"),
+    [
+        ("training/configs/tiny-cpu.toml", "train.steps=100",
+         "--set 'train.steps=100': unknown section 'train'; allowed: run, model, parallel, fp8, data, optim, "
+         "checkpoint, metrics"),
+        ("training/configs/tiny-cpu.toml", "run.stepz=100", "run.stepz: unknown key; allowed: seed, steps,"),
+        ("training/configs/tiny-cpu.toml", "run.steps=lots", "run.steps='lots': allowed: an integer"),
+        ("training/configs/tiny-cpu.toml", "run.steps=0", "run.steps=0: allowed: an integer >= 1"),
+        ("training/configs/tiny-cpu.toml", "fp8.backend=fp4", "fp8.backend='fp4': allowed: none, torchao, te"),
+        # a rule between two fields, checked on the file and the --set items together
+        ("training/configs/tiny-cpu.toml", "optim.min_lr=1.0", "optim.min_lr=1.0: allowed: 0 <= min_lr <="),
+        # a config on the nodes cannot be read here: the --set items are still checked on their own
+        ("/fsx/configs/run.toml", "optim.lr=fast", "optim.lr='fast': allowed: a number"),
+    ],
+)
+def test_submit_checks_set_items_against_the_training_config_before_sending(cli, sent, cluster, config,
+                                                                               item, message):
+    result = cli("submit", "--config", config, "--set", item)
+    assert result.code == EXIT_USAGE
+    assert result.err.startswith(f"clusterctl: error: not submitted: {config} with the --set items: ")
+    assert message in result.err and result.err.count("\n") == 1
+    assert sent == []  # nothing reached a node
+
+
+def test_submit_refuses_another_checkpoint_dir_and_resumes_another_job_only_on_request(cli, sent, cluster):
+    refused = cli("submit", "--config", "training/configs/tiny-cpu.toml", "--set",
+                  "checkpoint.dir=/fsx/checkpoints/j-20261119-101500-0a0b")
+    assert refused.code == EXIT_USAGE and sent == []
+    assert refused.err.startswith(
+        "clusterctl: error: --set 'checkpoint.dir=/fsx/checkpoints/j-20261119-101500-0a0b': not allowed: a "
+        "job's checkpoints go to <checkpoint root>/<job id>; to start from another job's checkpoints, resume "
+        "from that job (clusterctl submit --resume-from JOB)")
+    bad = cli("submit", "--config", "training/configs/tiny-cpu.toml", "--resume-from", "../j-1")
+    assert bad.code == EXIT_USAGE and "--resume-from='../j-1': allowed: the id of an earlier job" in bad.err
+    assert sent == []
+
+    result = cli("submit", "--config", "training/configs/tiny-cpu.toml", "--resume-from",
+                 "j-20261119-101500-0a0b")
+    assert result.code == EXIT_OK, result.err
+    (command,) = sent
+    assert command["Parameters"]["resumeFrom"] == ["j-20261119-101500-0a0b"]
+    plain = cli("submit", "--config", "training/configs/tiny-cpu.toml")
+    assert plain.code == EXIT_OK and "resumeFrom" not in sent[-1]["Parameters"]  # only sent when asked
+
+
+def test_clusterctl_validates_training_configs_without_torch():
+    # clusterctl's requirements have no torch: the trainer's config loader must not need it.
+    code = (
+        "import sys; import clusterctl.cli, clusterctl.jobs, training.config; "
+        "training.config.load_config('training/configs/llama3-8b.toml', ['optim.lr=1e-4']); "
+        "assert 'torch' not in sys.modules and 'numpy' not in sys.modules, sorted(sys.modules)"
+    )
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(repo)})
+    assert done.returncode == 0, done.stderr
 
 
 def test_nodes_of_a_group_that_is_gone(cli, sent, cluster, fakes):

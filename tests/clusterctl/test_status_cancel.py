@@ -3,6 +3,7 @@ invocation with empty output), fed with what node_bootstrap.jobs really prints o
 
 import datetime
 import json
+import os
 import subprocess
 import sys
 import time
@@ -64,6 +65,10 @@ class FakeNode:
             f"FAKE_RANK0={int(rank0)}\n"
         )
         (root / "opt/cluster/bundle").mkdir(parents=True)
+        # the jobuser boot step's user database; the job user is whoever runs the tests
+        (root / "etc/passwd").write_text(
+            f"cluster-job:x:{os.getuid()}:{os.getgid()}::/var/lib/cluster-job:/bin/false\n")
+        (root / "etc/group").write_text(f"cluster-job:x:{os.getgid()}:\n")
         python = root / "opt/pytorch/bin/python"
         python.parent.mkdir(parents=True)
         python.write_text(STAND_IN.format(python=sys.executable))
@@ -171,7 +176,7 @@ def test_status_reports_each_nodes_state_step_and_loss(cli, cluster, fakes, ssm_
         {"Command": {"CommandId": COMMAND_ID}},
         {
             "DocumentName": fakes.DOCUMENT,
-            "DocumentVersion": "$LATEST",
+            "DocumentVersion": "$DEFAULT",
             "InstanceIds": [a, b, c],
             "Parameters": {"action": ["status"], "jobId": [JOB]},
             "Comment": f"clusterctl status {JOB}",
@@ -232,7 +237,7 @@ def test_cancel_stops_a_running_job_through_sigterm(cli, cluster, fakes, ssm_stu
         {"Command": {"CommandId": COMMAND_ID}},
         {
             "DocumentName": fakes.DOCUMENT,
-            "DocumentVersion": "$LATEST",
+            "DocumentVersion": "$DEFAULT",
             "InstanceIds": [a],
             "Parameters": {"action": ["cancel"], "jobId": [JOB], "cancelTimeoutSeconds": ["30"]},
             "Comment": f"clusterctl cancel {JOB}",
@@ -262,7 +267,7 @@ def test_status_of_a_node_that_does_not_answer(cli, cluster, fakes, ssm_stub):
         {"Command": {"CommandId": COMMAND_ID}},
         {
             "DocumentName": fakes.DOCUMENT,
-            "DocumentVersion": "$LATEST",
+            "DocumentVersion": "$DEFAULT",
             "InstanceIds": [a],
             "Parameters": {"action": ["status"], "jobId": [JOB]},
             "Comment": ANY,
@@ -272,7 +277,7 @@ def test_status_of_a_node_that_does_not_answer(cli, cluster, fakes, ssm_stub):
     for _ in range(61):  # polled every 2 s for the 120 s timeout
         ssm_stub.add_response("get_command_invocation", invocation(a, "Pending", "", -1))
     result = cli("status", JOB)
-    assert result.code == EXIT_OK
+    assert result.code == EXIT_FAILED  # a state nobody could read is not success
     assert result.lines[1].split()[:2] == [a, "unknown"] and "no answer within 120 s" in result.lines[1]
     assert result.lines[-1] == f"job {JOB}: unknown (1 nodes)"
 
@@ -301,7 +306,7 @@ def expect_status(stub, fakes, answers):
         {"Command": {"CommandId": COMMAND_ID}},
         {
             "DocumentName": fakes.DOCUMENT,
-            "DocumentVersion": "$LATEST",
+            "DocumentVersion": "$DEFAULT",
             "InstanceIds": instance_ids,
             "Parameters": {"action": ["status"], "jobId": [JOB]},
             "Comment": f"clusterctl status {JOB}",
@@ -426,3 +431,147 @@ def test_status_of_a_training_job_has_no_busbw(cli, cluster, fakes, ssm_stub, tm
     assert "busbwGbps" not in report
     (state,) = report["nodes"]
     assert (state["module"], state["last_step"], state["busbw_gbps"]) == ("training", 20, None)
+
+
+# --- a job whose nodes were replaced ---------------------------------------------------------------------
+
+
+def terminate(instance_id):
+    """What the Auto Scaling group does to an unhealthy node (moto keeps it visible as terminated)."""
+    boto3.client("ec2", region_name="us-east-1").terminate_instances(InstanceIds=[instance_id])
+
+
+def expect_command(stub, fakes, action, instance_ids, answers, parameters=None, timeout=ANY):
+    stub.add_response(
+        "send_command",
+        {"Command": {"CommandId": COMMAND_ID}},
+        {
+            "DocumentName": fakes.DOCUMENT,
+            "DocumentVersion": "$DEFAULT",
+            "InstanceIds": instance_ids,
+            "Parameters": parameters or {"action": [action], "jobId": [JOB]},
+            "Comment": f"clusterctl {action} {JOB}",
+            "TimeoutSeconds": timeout,
+        },
+    )
+    for instance_id in instance_ids:
+        stdout, code = answers[instance_id]
+        stub.add_response(
+            "get_command_invocation",
+            invocation(instance_id, "Success", stdout, code),
+            {"CommandId": COMMAND_ID, "InstanceId": instance_id},
+        )
+
+
+def test_status_after_a_node_was_replaced_asks_only_the_nodes_that_exist(cli, cluster, fakes, ssm_stub, tmp_path):
+    survivor = FakeNode(tmp_path / "a", "until-sigterm")
+    try:
+        survivor.start()
+        answer = survivor.run("status", "--job-id", JOB)
+    finally:
+        survivor.run("cancel", "--job-id", JOB, "--timeout-seconds", "10")
+    a, b, c = sorted(cluster.instance_ids)
+    terminate(b)
+    expect_job_lookup(ssm_stub, fakes, [a, b, c])
+    # the SendCommand names only a and c: with b in it SSM would refuse the whole call (InvalidInstanceId)
+    missing = FakeNode(tmp_path / "c", "exit").run("status", "--job-id", JOB)
+    expect_command(ssm_stub, fakes, "status", [a, c], {a: answer, c: missing}, timeout=120)
+    result = cli("status", JOB)
+    assert result.code == EXIT_OK, result.err
+    _, row_a, row_b, row_c, summary = result.lines
+    assert row_a.split()[:2] == [a, "running"]
+    assert row_b.split()[:2] == [b, "gone"] and "gone (replaced): instance terminated" in row_b
+    assert row_c.split()[:2] == [c, "not-found"]
+    assert summary == f"job {JOB}: running (3 nodes, 1 gone (replaced))"
+
+
+def test_cancel_after_a_node_was_replaced_stops_what_is_left(cli, cluster, fakes, ssm_stub, tmp_path):
+    node = FakeNode(tmp_path / "a", "until-sigterm")
+    node.start()
+    cancel_out, code = node.run("cancel", "--job-id", JOB, "--timeout-seconds", "30")
+    assert code == 0
+    a, b = sorted(cluster.instance_ids[:2])
+    terminate(b)
+    expect_job_lookup(ssm_stub, fakes, [a, b])
+    expect_command(ssm_stub, fakes, "cancel", [a], {a: (cancel_out, 0)},
+                   {"action": ["cancel"], "jobId": [JOB], "cancelTimeoutSeconds": ["30"]})
+    result = cli("cancel", JOB, "--timeout-seconds", "30", "--json")
+    assert result.code == EXIT_OK, result.err
+    report = json.loads(result.out)
+    assert report["state"] == "cancelled"
+    assert [(n["instance_id"], n["state"]) for n in report["nodes"]] == [(a, "cancelled"), (b, "gone")]
+
+
+@pytest.mark.parametrize("terminated", [True, False], ids=["terminated", "agent-not-registered"])
+def test_a_node_ssm_refuses_at_the_send_does_not_stop_the_others(cli, cluster, fakes, ssm_stub, tmp_path,
+                                                                  terminated):
+    node = FakeNode(tmp_path / "a", "exit", 0)
+    node.start()
+    node.wait_ended()
+    answer = node.run("status", "--job-id", JOB)
+    a, b = sorted(cluster.instance_ids[:2])
+    expect_job_lookup(ssm_stub, fakes, [a, b])
+    if terminated:  # the group terminates b after clusterctl looked at the instances, before it sends
+        cli.context.client("ssm").meta.events.register_first(
+            "provide-client-params.ssm.SendCommand", lambda **_: terminate(b), unique_id="terminate-b")
+    request = {"DocumentName": fakes.DOCUMENT, "DocumentVersion": "$DEFAULT", "Parameters":
+               {"action": ["status"], "jobId": [JOB]}, "Comment": f"clusterctl status {JOB}",
+               "TimeoutSeconds": 120}
+    refused = f"Instances [[{b}]] not in a valid state for account 111122223333"
+    ssm_stub.add_client_error("send_command", "InvalidInstanceId", refused,
+                              expected_params={**request, "InstanceIds": [a, b]})
+    # one refused instance fails the whole call: each is sent alone, so a is still reached
+    ssm_stub.add_response("send_command", {"Command": {"CommandId": COMMAND_ID}},
+                          {**request, "InstanceIds": [a]})
+    ssm_stub.add_client_error("send_command", "InvalidInstanceId", refused,
+                              expected_params={**request, "InstanceIds": [b]})
+    ssm_stub.add_response("get_command_invocation", invocation(a, "Success", *answer),
+                          {"CommandId": COMMAND_ID, "InstanceId": a})
+    result = cli("status", JOB)
+    assert result.lines[1].split()[:2] == [a, "succeeded"]
+    if terminated:
+        assert result.code == EXIT_OK, result.err
+        assert result.lines[2].split()[:2] == [b, "gone"] and "instance terminated" in result.lines[2]
+    else:  # b runs but SSM cannot reach it: its state is unknown, and status says so with exit 1
+        assert result.code == EXIT_FAILED
+        assert result.lines[2].split()[:2] == [b, "unknown"] and "InvalidInstanceId" in result.lines[2]
+
+
+def test_status_of_a_job_whose_nodes_are_all_gone_is_one_line(cli, cluster, fakes, ssm_stub):
+    a, b = sorted(cluster.instance_ids[:2])
+    for instance_id in (a, b):
+        terminate(instance_id)
+    expect_job_lookup(ssm_stub, fakes, [a, b, "i-0123456789abcdef0"])  # and one EC2 no longer knows at all
+    result = cli("status", JOB)
+    assert result.code == EXIT_FAILED and result.out == ""
+    assert result.err == (
+        f"clusterctl: error: job {JOB}: all 3 of its nodes are gone (replaced), so no node can report its "
+        f"state; its log stays in CloudWatch Logs: clusterctl logs {JOB}\n"
+    )
+
+
+def test_status_of_a_job_no_node_knows_exits_1_with_one_line(cli, cluster, fakes, ssm_stub, tmp_path):
+    unknown = "j-20261120-000000-0000"
+    ssm_stub.add_response("list_commands", {"Commands": []})  # not in SSM's history
+    missing = FakeNode(tmp_path / "x", "exit").run("status", "--job-id", unknown)
+    ids = cluster.instance_ids  # every in-service node is asked
+    ssm_stub.add_response("send_command", {"Command": {"CommandId": COMMAND_ID}})
+    for instance_id in ids:
+        ssm_stub.add_response("get_command_invocation", invocation(instance_id, "Failed", *missing),
+                              {"CommandId": COMMAND_ID, "InstanceId": instance_id})
+    result = cli("status", unknown)
+    assert result.code == EXIT_FAILED and result.out == ""
+    assert result.err == (
+        f"clusterctl: error: job {unknown}: unknown: not in SSM's command history (kept 30 days), and none "
+        "of the 3 in-service nodes has it\n"
+    )
+
+
+@pytest.mark.parametrize("seconds", ["681", "999", "-1"])
+def test_cancel_timeout_beyond_what_the_command_allows_is_refused(cli, moto_aws, seconds):
+    result = cli("cancel", JOB, "--timeout-seconds", seconds)
+    assert result.code == EXIT_USAGE
+    assert result.err == (
+        f"clusterctl: error: --timeout-seconds={seconds}: allowed: 0-680 (the jobs document's 900 s command "
+        "timeout, less what cancel needs after SIGKILL)\n"
+    )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import sys
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,23 +38,25 @@ def node_config_dict(**overrides) -> dict:
     """The node config the stack renders for p5.48xlarge (docs/architecture.md section 2)."""
     log_group = "/training-cluster/TrainingClusterStack"
     config = {
-        "schemaVersion": 2,
+        "schemaVersion": 3,
         "stackName": "TrainingClusterStack",
         "region": REGION,
         "instanceType": "p5.48xlarge",
-        "expected": {"gpuCount": 8, "gpuMemoryGiB": 80, "efaInterfaceCount": 32, "nvmeDeviceCount": 8},
+        "expected": {"gpuCount": 8, "gpuMemoryGiB": 80, "efaInterfaceCount": 32, "nvmeDeviceCount": 8,
+                     "nvswitch": True},
         "scratch": {"mountPoint": "/scratch", "dlamiMountPoint": "/opt/dlami/nvme"},
         "lustre": {"dnsName": "fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com", "mountName": "abcdefgh",
                    "mountPoint": "/fsx", "efaEnabled": False},
         "logging": {"logGroupName": log_group},
-        "metrics": {"intervalSeconds": 60, "namespace": "TrainingCluster",
-                    "autoScalingGroupName": "TrainingClusterStack-nodes", "efaMetricsDir": EFA_METRICS_DIR},
+        "metrics": {"intervalSeconds": 60, "namespace": "TrainingCluster", "efaMetricsDir": EFA_METRICS_DIR},
         "cloudwatchAgent": render_agent_config(log_group_name=log_group, interval_seconds=60,
                                                disk_mount_points=("/", "/scratch", "/opt/dlami/nvme", "/fsx")),
         "training": {"bundleDir": "/opt/cluster/bundle", "envFile": "/etc/cluster/training.env",
                      "python": "/opt/pytorch/bin/python", "jobsDir": "/var/lib/cluster/jobs",
                      "jobLogDir": "/var/log/cluster/jobs", "checkpointRoot": "/fsx/checkpoints",
                      "dataRoot": "/fsx/data", "rendezvousPort": 29400},
+        "bootstrap": {"deadlineSeconds": 1200, "autoScalingGroupName": "TrainingClusterStack-nodes",
+                      "protectedModeFailures": 3, "protectedModeWindowSeconds": 3600},
     }
     for dotted, value in overrides.items():
         section, _, key = dotted.partition(".")
@@ -96,6 +99,45 @@ class FakeRunner(Runner):
 
 
 @dataclass
+class FakeGroup:
+    """The node's Auto Scaling group as `aws autoscaling` and `aws cloudwatch` see it (shared between nodes)."""
+
+    name: str = "TrainingClusterStack-nodes"
+    tags: dict = field(default_factory=dict)  # key -> value
+    suspended: list = field(default_factory=list)
+    metrics: list = field(default_factory=list)  # (metric name, value)
+    fail_calls: set = field(default_factory=set)  # "autoscaling suspend-processes", ... answer AccessDenied
+
+    def handle(self, service, op, argv):
+        if f"{service} {op}" in self.fail_calls:
+            return 254, "", f"An error occurred (AccessDenied) when calling the {op} operation"
+        if (service, op) == ("autoscaling", "create-or-update-tags"):
+            for tag in json.loads(argv[argv.index("--tags") + 1]):
+                assert tag["ResourceId"] == self.name and tag["PropagateAtLaunch"] is False
+                assert len(tag["Value"]) <= 256
+                self.tags[tag["Key"]] = tag["Value"]
+            return 0, ""
+        if (service, op) == ("autoscaling", "delete-tags"):
+            for tag in json.loads(argv[argv.index("--tags") + 1]):
+                self.tags.pop(tag["Key"], None)
+            return 0, ""
+        if (service, op) == ("autoscaling", "describe-tags"):
+            assert argv[argv.index("--filters") + 1] == f"Name=auto-scaling-group,Values={self.name}"
+            tags = [{"ResourceId": self.name, "ResourceType": "auto-scaling-group", "Key": k, "Value": v,
+                     "PropagateAtLaunch": False} for k, v in sorted(self.tags.items())]
+            return 0, json.dumps({"Tags": tags})
+        if (service, op) == ("autoscaling", "suspend-processes"):
+            assert argv[argv.index("--auto-scaling-group-name") + 1] == self.name
+            self.suspended.append(argv[argv.index("--scaling-processes") + 1])
+            return 0, ""
+        if (service, op) == ("cloudwatch", "put-metric-data"):
+            assert argv[argv.index("--dimensions") + 1] == f"AutoScalingGroupName={self.name}"
+            self.metrics.append((argv[argv.index("--metric-name") + 1], int(argv[argv.index("--value") + 1])))
+            return 0, ""
+        return None
+
+
+@dataclass
 class MdArray:
     name: str
     kernel_name: str
@@ -117,11 +159,21 @@ class FakeNode:
     lustre_installable: bool = True
     agent_running: bool = False
     agent_config_loads: int = 0
-    units: dict = field(default_factory=dict)  # systemd unit -> "active" / "inactive"
     gpu_csv: str = "nvidia-smi-query-gpu.p5.csv"
     remap_csv: str = "nvidia-smi-query-remapped-rows.p5.csv"
     fi_info_txt: str = "fi_info-efa-rdm.p5.txt"
     kernel_log: str = "journal-kernel-clean.txt"
+    group: FakeGroup = field(default_factory=FakeGroup)
+    dlami_unit: dict | None = None  # systemctl show properties of dlami-nvme.service; None: not a DLAMI
+    dlami_mounts_on_start: bool = True  # `systemctl start dlami-nvme.service` finishes the AMI's mount
+    daemon_reloads: int = 0
+    units: dict = field(default_factory=lambda: {"nvidia-fabricmanager": "active"})  # is-active answers
+    cuda_probe: dict = field(default_factory=lambda: {  # what node_bootstrap.cuda_probe prints on a good P5
+        "ok": True, "error": None, "count": 8,
+        "devices": [{"index": i, "ok": True, "error": None} for i in range(8)]})
+    # `stat` answers: node path -> (permission bits, uid, gid); what is not listed is 0755 root:root, and
+    # every GPU and EFA device node 0666 root:root (the NVIDIA driver's default) unless listed
+    stats: dict = field(default_factory=dict)
 
     # ----- building the machine -----
     def path(self, node_path: str) -> str:
@@ -218,6 +270,54 @@ class FakeNode:
         data["Devices"] = [d for d in data["Devices"] if os.path.exists(self.path(d["DevicePath"]))]
         return 0, json.dumps(data, indent=2)
 
+    def systemctl(self, argv):
+        verb = argv[1]
+        if verb == "show" and argv[2] == "dlami-nvme.service":
+            unit = self.dlami_unit or {"LoadState": "not-found", "ActiveState": "inactive", "SubState": "dead",
+                                       "Result": "success", "UnitFileState": ""}
+            return 0, "".join(f"{k}={v}\n" for k, v in unit.items())
+        if verb == "start" and argv[2] == "dlami-nvme.service":
+            assert self.dlami_unit is not None
+            self.dlami_unit.update(ActiveState="active", SubState="exited")
+            if self.dlami_mounts_on_start:
+                self.add_mount("/dev/mapper/vg.01-lv_ephemeral", "/opt/dlami/nvme", "ext4",
+                               "rw,noatime,nodiratime")
+            return 0, ""
+        if verb == "daemon-reload":
+            self.daemon_reloads += 1
+            return 0, ""
+        if verb == "is-active":
+            state = self.units.get(argv[-1], "inactive")
+            return (0 if state == "active" else 3), state + "\n"
+        if verb in ("restart", "enable"):  # units node_bootstrap writes (cluster-efa-metrics.service)
+            unit = argv[-1]
+            if not Path(self.path(f"/etc/systemd/system/{unit}")).exists():
+                return 5, "", f"Failed to {verb} {unit}: Unit {unit} not found.\n"
+            if verb == "restart" or "--now" in argv:
+                self.units[unit] = "active"
+            return 0, ""
+        raise AssertionError(f"unexpected systemctl call {argv}")
+
+    def dlami_volume(self, *, mounted: bool, unit_state: str = "active") -> None:
+        """The DLAMI's dlami-nvme.service at work: every instance-store device an LVM physical volume of vg.01,
+        held by the device mapper's vg.01-lv_ephemeral (dm-0), ext4 on it; mounted or (the race) not yet."""
+        Path(self.path("/sys/block/dm-0/dm")).mkdir(parents=True, exist_ok=True)
+        self.write("/sys/block/dm-0/dm/name", "vg.01-lv_ephemeral\n")
+        for i, device in enumerate(self.instance_store_paths(), start=1):
+            self.signatures[device] = {"UUID": f"pv-{i}", "VERSION": "LVM2 001", "TYPE": "LVM2_member"}
+            Path(self.path(f"/sys/block/nvme{i}n1/holders/dm-0")).touch()
+        Path(self.path("/dev/mapper")).mkdir(parents=True, exist_ok=True)
+        Path(self.path("/dev/dm-0")).touch()
+        mapper = Path(self.path("/dev/mapper/vg.01-lv_ephemeral"))
+        if not mapper.is_symlink():
+            mapper.symlink_to("../dm-0")
+        self.signatures[os.path.realpath(str(mapper))] = {"UUID": str(uuid.uuid4()), "TYPE": "ext4"}
+        self.dlami_unit = {"LoadState": "loaded", "ActiveState": unit_state,
+                           "SubState": {"active": "exited", "activating": "start"}.get(unit_state, "dead"),
+                           "Result": "success", "UnitFileState": "enabled"}
+        if mounted:
+            self.add_mount("/dev/mapper/vg.01-lv_ephemeral", "/opt/dlami/nvme", "ext4", "rw,noatime,nodiratime")
+
     def mount(self, argv):
         fstype = argv[argv.index("-t") + 1]
         options = argv[argv.index("-o") + 1]
@@ -240,6 +340,65 @@ class FakeNode:
             return 0, fixture_text(self.remap_csv)
         raise AssertionError(f"unexpected nvidia-smi call {argv}")
 
+    def passwd_lines(self):
+        return Path(self.path("/etc/passwd")).read_text().splitlines()
+
+    def group_lines(self):
+        return Path(self.path("/etc/group")).read_text().splitlines()
+
+    def useradd(self, argv):
+        name = argv[-1]
+        home = argv[argv.index("--home-dir") + 1]
+        shell = argv[argv.index("--shell") + 1]
+        if any(line.split(":")[0] == name for line in self.passwd_lines()):
+            return 9, "", f"useradd: user '{name}' already exists"
+        uid = gid = 998  # useradd --system picks below SYS_UID_MAX
+        with open(self.path("/etc/passwd"), "a") as f:
+            f.write(f"{name}:x:{uid}:{gid}:training jobs (node_bootstrap):{home}:{shell}\n")
+        with open(self.path("/etc/group"), "a") as f:
+            f.write(f"{name}:x:{gid}:\n")
+        Path(self.path(home)).mkdir(parents=True)
+        self.stats[home] = (0o750, uid, gid)
+        return 0, ""
+
+    def usermod(self, argv):
+        assert argv[1:3] == ["--append", "--groups"], argv
+        wanted, user = argv[3].split(","), argv[4]
+        lines = []
+        for line in self.group_lines():
+            name, x, gid, members = line.split(":")
+            if name in wanted:
+                members = ",".join([m for m in members.split(",") if m] + [user])
+            lines.append(f"{name}:{x}:{gid}:{members}")
+        Path(self.path("/etc/group")).write_text("\n".join(lines) + "\n")
+        return 0, ""
+
+    def chown(self, argv):
+        user = argv[1].split(":")[0]
+        (entry,) = [line.split(":") for line in self.passwd_lines() if line.split(":")[0] == user]
+        for host_path in argv[2:]:
+            node_path = "/" + os.path.relpath(host_path, self.root)
+            mode = self.stat_of(node_path)[0]
+            self.stats[node_path] = (mode, int(entry[2]), int(entry[3]))
+        return 0, ""
+
+    def stat_of(self, node_path):
+        if node_path in self.stats:
+            return self.stats[node_path]
+        if node_path.startswith(("/dev/nvidia", "/dev/infiniband/")):
+            return 0o666, 0, 0
+        return 0o755, 0, 0
+
+    def stat(self, argv):
+        assert argv[1:4] == ["-L", "-c", "%a %u %g %n"], argv
+        lines = []
+        for host_path in argv[4:]:
+            if not os.path.exists(host_path):
+                return 1, "", f"stat: cannot statx '{host_path}': No such file or directory"
+            mode, uid, gid = self.stat_of("/" + os.path.relpath(host_path, self.root))
+            lines.append(f"{mode:o} {uid} {gid} {host_path}")
+        return 0, "".join(line + "\n" for line in lines)
+
     def aws(self, argv):
         service, op = argv[1], argv[2]
         if (service, op) == ("ec2", "describe-tags"):
@@ -260,9 +419,14 @@ class FakeNode:
         if (service, op) == ("autoscaling", "set-instance-health"):
             self.health_status = argv[argv.index("--health-status") + 1]
             return 0, ""
+        answer = self.group.handle(service, op, argv)
+        if answer is not None:
+            return answer
         raise AssertionError(f"unexpected aws call {argv}")
 
     def python(self, argv):
+        if argv[1:3] == ["-m", "node_bootstrap.cuda_probe"]:
+            return (0 if self.cuda_probe["ok"] else 1), json.dumps(self.cuda_probe) + "\n"
         code = argv[2]
         if "sysconfig" in code:
             return 0, SITE_PACKAGES + "\n"
@@ -299,23 +463,6 @@ class FakeNode:
         raise AssertionError(f"unexpected agent action {argv}")
 
 
-    def systemctl(self, argv):
-        action, rest = argv[1], argv[2:]
-        if action == "is-active":
-            state = self.units.get(rest[0], "inactive")
-            return (0 if state == "active" else 3), state + "\n"
-        if action == "daemon-reload":
-            return 0, ""
-        if action in ("restart", "enable"):
-            unit = rest[-1]
-            if not Path(self.path(f"/etc/systemd/system/{unit}")).exists():
-                return 5, "", f"Failed to {action} {unit}: Unit {unit} not found.\n"
-            if action == "restart" or "--now" in rest:
-                self.units[unit] = "active"
-            return 0, ""
-        raise AssertionError(f"unexpected systemctl call {argv}")
-
-
 def build_fake_node(root: Path, *, dry_run: bool = False, instance_store: int = 8, dlami: bool = False,
                     print_fn=print) -> FakeNode:
     runner = FakeRunner(dry_run=dry_run, print_fn=print_fn)
@@ -332,14 +479,20 @@ def build_fake_node(root: Path, *, dry_run: bool = False, instance_store: int = 
         node.add_nvme(f"nvme{i}n1", "Amazon EC2 NVMe Instance Storage",
                       f"nvme-Amazon_EC2_NVMe_Instance_Storage_AWS{0x1F3A5C7E9B2D4F60 + i:016X}")
     if dlami:
-        node.signatures[node.path("/dev/md0")] = {"LABEL": "dlami", "TYPE": "xfs", "UUID": str(uuid.uuid4())}
-        node.add_mount("/dev/md0", "/opt/dlami/nvme", "xfs", "rw,noatime")
+        node.dlami_volume(mounted=True)
     # The bundle user-data unpacked, and the DLAMI's PyTorch interpreter.
     node.write("/opt/cluster/bundle/training/__init__.py", "")
     node.write("/opt/cluster/bundle/node_bootstrap/__init__.py", "")
     node.write("/opt/pytorch/bin/python", "#!/bin/sh\n")
     node.write("/etc/cluster/node-config.json", json.dumps(node_config_dict(), indent=2))
     Path(node.path("/fsx")).mkdir()
+    Path(node.path("/run/systemd/system")).mkdir(parents=True)  # systemd is PID 1, as on a node
+    # The user database, and the device nodes the drivers create: 8 GPUs and 32 EFA devices.
+    node.write("/etc/passwd", "root:x:0:0:root:/root:/bin/bash\nnobody:x:65534:65534::/:/usr/sbin/nologin\n")
+    node.write("/etc/group", "root:x:0:\nvideo:x:44:\nrdma:x:997:\nnogroup:x:65534:\n")
+    for device in [f"nvidia{i}" for i in range(8)] + ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"] + [
+            f"infiniband/uverbs{i}" for i in range(32)]:
+        node.write(f"/dev/{device}", "")
 
     runner.on("blkid", node.blkid)
     runner.on("mdadm", node.mdadm)
@@ -350,12 +503,15 @@ def build_fake_node(root: Path, *, dry_run: bool = False, instance_store: int = 
               if node.lustre_module else (1, "", "modinfo: ERROR: Module lustre not found.\n"))
     runner.on("dnf", node.dnf)
     runner.on("nvidia-smi", node.nvidia_smi)
+    runner.on("systemctl", node.systemctl)
     runner.on("fi_info", lambda argv: (0, fixture_text(node.fi_info_txt)))
     runner.on("journalctl", lambda argv: (0, fixture_text(node.kernel_log)))
     runner.on("aws", node.aws)
+    for tool in ("useradd", "usermod", "chown", "stat"):
+        runner.on(tool, getattr(node, tool))
     runner.on("python", node.python, on_path=False)  # run by absolute path
+    runner.on(os.path.basename(sys.executable), node.python, on_path=False)  # the CUDA probe's interpreter
     runner.on("amazon-cloudwatch-agent-ctl", node.agent_ctl, on_path=False)
-    runner.on("systemctl", node.systemctl)
     node.write("/opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-ctl", "#!/bin/sh\n")
     return node
 
@@ -391,6 +547,6 @@ def kit():
     from types import SimpleNamespace
     return SimpleNamespace(
         fixture_text=fixture_text, node_config_dict=node_config_dict, FakeRunner=FakeRunner,
-        FakeImds=FakeImds,
+        FakeImds=FakeImds, build_fake_node=build_fake_node,
         INSTANCE_ID=INSTANCE_ID, REGION=REGION, KERNEL=KERNEL, SITE_PACKAGES=SITE_PACKAGES, FIXTURES=FIXTURES,
     )

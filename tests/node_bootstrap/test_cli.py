@@ -22,12 +22,15 @@ def test_run_brings_a_fresh_node_to_ready_and_logs_every_step(fake_node, kit, ca
     assert fake_node.tags == {"cluster:bootstrap": "ready"}
     assert fake_node.health_status == "Healthy"
     log = (fake_node.root / "var/log/cluster/bootstrap.log").read_text()
-    for step in ("logging", "scratch", "lustre", "health", "training", "signal"):
+    for step in ("logging", "scratch", "lustre", "health", "jobuser", "training", "signal"):
         assert f"INFO == {step}\n" in log
     assert "bootstrap complete: node is ready" in log
     assert "bootstrap complete: node is ready" in capsys.readouterr().out  # and on stdout for cloud-init
     fstab = fake_node.fstab()
     assert " /scratch xfs defaults,noatime,nofail 0 0" in fstab and " /fsx lustre " in fstab
+    # jobs run as cluster-job, created by the jobuser step, which owns the scratch space
+    assert "cluster-job:x:998:998:" in (fake_node.root / "etc/passwd").read_text()
+    assert fake_node.stat_of("/scratch")[1:] == (998, 998)
 
 
 def test_running_twice_issues_no_mutating_command_the_second_time(fake_node, kit):
@@ -43,11 +46,15 @@ def test_a_failed_health_gate_tags_failed_marks_unhealthy_and_exits_3(fake_node,
     assert run_main(fake_node, kit, "run") == 3
     assert fake_node.tags["cluster:bootstrap"] == "failed"
     assert fake_node.tags["cluster:bootstrap-reason"] == (
-        "health: health gate failed: xid: node must be replaced: "
-        "Xid 79 on 0000:b9:00 (GPU has fallen off the bus)")
+        "health: health gate failed: xid: node unusable: "
+        "Xid 79 on 0000:b9:00: GPU has fallen off the bus (no longer reachable over PCIe) (NVIDIA: RESTART_BM) "
+        "(read: journalctl -k -b 0)")
     assert fake_node.health_status == "Unhealthy"
     log = (fake_node.root / "var/log/cluster/bootstrap.log").read_text()
     assert "ERROR bootstrap failed in step health: health gate failed" in log
+    # user_data.sh reads this marker to not signal a second time, even if this process could not exit.
+    marker = (fake_node.root / "var/lib/cluster/bootstrap-signalled").read_text()
+    assert marker.startswith("health: health gate failed: xid: node unusable: Xid 79")
     assert not (fake_node.root / "etc/cluster/training.env").exists()  # later steps did not run
 
 

@@ -55,3 +55,22 @@ def test_run_dry_run_under_python39_prints_a_plan(tmp_path, kit):
     assert result.returncode == 1
     assert "the bundle at /opt/cluster/bundle has no training package" in result.stdout
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["cluster", "etc", "node-config.json"]
+
+
+def test_a_timed_out_command_is_killed_and_abandoned_under_python39():
+    """Python 3.9's subprocess is what the nodes run: the bounded kill must hold there, not just here."""
+    script = (
+        "import time\n"
+        "from node_bootstrap.runner import Runner\n"
+        "from node_bootstrap.xid import classify_xid\n"
+        "start = time.monotonic()\n"
+        "r = Runner(kill_grace_s=1).run(['sh', '-c', 'echo started; setsid sleep 20 & sleep 20'],\n"
+        "                                mutating=False, check=False, timeout=0.5)\n"
+        "print(r.returncode, repr(r.stdout), round(time.monotonic() - start) < 8)\n"
+        "print(classify_xid(154, 'GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)'))\n"
+    )
+    result = run39("-c", script)
+    assert result.returncode == 0, result.stderr
+    first, second = result.stdout.splitlines()
+    assert first == "124 'started\\n' True"
+    assert "action='reset'" in second

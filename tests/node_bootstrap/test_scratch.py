@@ -46,8 +46,9 @@ def test_first_run_builds_raid0_xfs_mount_and_fstab(fake_node, config):
     assert fake_node.runner.commands(mutating=True) == [
         f"mdadm --create {array} --level=0 --chunk=512 --metadata=1.2 --homehost=any --name=cluster-scratch "
         f"--raid-devices=8 {devices}",
-        f"mkfs.xfs -L {FS_LABEL} -d su=512k,sw=8 {array}",
+        f"mkfs.xfs -L {FS_LABEL} -d su=512k,sw=8 -l su=8b {array}",
         f"mount -t xfs -o noatime {array} {fake_node.path('/scratch')}",
+        "systemctl daemon-reload",  # after the fstab edit, so systemd's mount units follow it
     ]
     md127, scratch = fake_node.path("/dev/md127"), fake_node.path("/scratch")
     assert fake_node.mounts_text() == f"{md127} {scratch} xfs rw,noatime 0 0\n"
@@ -78,6 +79,7 @@ def test_single_device_gets_a_filesystem_without_raid(make_node, config):
     assert node.runner.commands(mutating=True) == [
         f"mkfs.xfs -L {FS_LABEL} {device}",
         f"mount -t xfs -o noatime {device} {node.path('/scratch')}",
+        "systemctl daemon-reload",
     ]
     node.runner.calls.clear()
     plan, _ = run_scratch(node, config)
@@ -191,7 +193,7 @@ def test_dry_run_prints_the_plan_and_changes_nothing(fake_node, config, capsys):
     run_scratch(fake_node, config, dry_run=True)
     out = capsys.readouterr().out
     assert "[scratch] would create RAID0 /dev/md/cluster-scratch across 8 instance-store devices" in out
-    assert "$ mdadm --create" in out and "$ mkfs.xfs -L cl-scratch -d su=512k,sw=8" in out
+    assert "$ mdadm --create" in out and "$ mkfs.xfs -L cl-scratch -d su=512k,sw=8 -l su=8b" in out
     assert "[scratch] would persist /scratch in /etc/fstab" in out
     assert fake_node.arrays == {}
     assert fake_node.fstab() == fstab_before and fake_node.mounts_text() == mounts_before
@@ -229,3 +231,82 @@ def test_after_a_stop_start_a_rerun_rebuilds_scratch_and_replaces_the_stale_fsta
     assert new_uuid != old_uuid
     assert scratch_lines == [f"UUID={new_uuid} /scratch xfs defaults,noatime,nofail 0 0"]
     assert fake_node.fstab().count("# node_bootstrap: instance-store scratch") == 1
+
+
+# ----- the DLAMI's own instance-store set-up (dlami-nvme.service, LVM vg.01/lv_ephemeral) racing user-data -----
+
+
+@pytest.mark.parametrize("unit_state", ["activating", "inactive"])  # running now, or enabled and not run yet
+def test_the_lvm_race_waits_for_the_dlami_service_and_reuses_its_mount(fake_node, config, unit_state):
+    # LVM label on every device, the device mapper holding them, nothing mounted yet: the AMI is at work.
+    fake_node.dlami_volume(mounted=False, unit_state=unit_state)
+    plan, host = run_scratch(fake_node, config)
+    assert [a.summary for a in plan.actions] == [
+        "wait for the DLAMI's dlami-nvme.service to finish (at most 600 s), then reuse its mount at /opt/dlami/nvme"]
+    assert fake_node.runner.commands(mutating=True) == ["systemctl start dlami-nvme.service"]
+    assert os.readlink(fake_node.path("/scratch")) == "/opt/dlami/nvme"
+    assert host.changes == ["symlink /scratch -> /opt/dlami/nvme"]
+    commands = " ".join(fake_node.runner.commands())
+    assert "mdadm" not in commands and "mkfs" not in commands and "wipefs" not in commands
+    fake_node.runner.calls.clear()
+    plan, host = run_scratch(fake_node, config)
+    assert plan.actions == [] and fake_node.runner.mutating_calls == []
+
+
+def test_the_lvm_race_in_a_dry_run_only_says_it_would_wait(fake_node, config, capsys):
+    fake_node.dlami_volume(mounted=False, unit_state="activating")
+    run_scratch(fake_node, config, dry_run=True)
+    out = capsys.readouterr().out
+    assert "would wait for the DLAMI's dlami-nvme.service to finish" in out
+    assert fake_node.runner.commands(mutating=True) == []
+    assert fake_node.dlami_unit["ActiveState"] == "activating"
+
+
+def test_a_finished_dlami_service_that_did_not_mount_has_its_volume_mounted_and_reused(fake_node, config):
+    fake_node.dlami_volume(mounted=False, unit_state="active")
+    plan, host = run_scratch(fake_node, config)
+    mapper = fake_node.path("/dev/mapper/vg.01-lv_ephemeral")
+    assert fake_node.runner.commands(mutating=True) == [
+        f"mount -t ext4 -o noatime,nodiratime {mapper} {fake_node.path('/opt/dlami/nvme')}"]
+    assert os.readlink(fake_node.path("/scratch")) == "/opt/dlami/nvme"
+    assert "systemctl start" not in " ".join(fake_node.runner.commands())
+
+
+def test_a_dlami_volume_group_without_its_filesystem_is_explained_not_wiped(fake_node, config):
+    fake_node.dlami_volume(mounted=False, unit_state="active")
+    del fake_node.signatures[os.path.realpath(fake_node.path("/dev/mapper/vg.01-lv_ephemeral"))]
+    with pytest.raises(StepError) as err:
+        run_scratch(fake_node, config)
+    message = str(err.value)
+    assert "in the DLAMI's volume group vg.01" in message
+    assert "dlami-nvme.service is active (exited, result success, enabled)" in message
+    assert "journalctl -u dlami-nvme.service" in message
+    assert "vgremove -y vg.01; pvremove /dev/nvme1n1 /dev/nvme2n1" in message
+    assert fake_node.runner.mutating_calls == []
+
+
+def test_a_service_that_never_mounts_after_the_wait_is_a_clear_failure(fake_node, config):
+    fake_node.dlami_volume(mounted=False, unit_state="activating")
+    del fake_node.signatures[os.path.realpath(fake_node.path("/dev/mapper/vg.01-lv_ephemeral"))]
+    fake_node.dlami_mounts_on_start = False
+    with pytest.raises(StepError, match="the AMI's set-up did not finish"):
+        run_scratch(fake_node, config)
+    assert fake_node.runner.commands(mutating=True) == ["systemctl start dlami-nvme.service"]
+
+
+def test_another_volume_group_is_still_foreign(fake_node, config):
+    fake_node.dlami_volume(mounted=False, unit_state="active")
+    fake_node.write("/sys/block/dm-0/dm/name", "datavg-datalv\n")  # not the AMI's: someone's data
+    fake_node.dlami_unit = None
+    with pytest.raises(StepError, match="refusing to touch instance-store devices that hold data"):
+        run_scratch(fake_node, config)
+    assert fake_node.runner.mutating_calls == []
+
+
+def test_pvs_names_the_volume_group_when_lvm_answers(fake_node, config):
+    fake_node.dlami_volume(mounted=False, unit_state="active")
+    fake_node.write("/sys/block/dm-0/dm/name", "something-else\n")  # pvs is asked first and wins
+    lines = "".join(f"  /dev/nvme{i}n1|vg.01\n" for i in range(1, 9))
+    fake_node.runner.on("pvs", lambda argv: (0, lines))
+    run_scratch(fake_node, config)
+    assert os.readlink(fake_node.path("/scratch")) == "/opt/dlami/nvme"

@@ -43,10 +43,17 @@ esac
     "sleep": """#!/bin/bash
 echo "sleep $*" >>"$STUB_LOG"
 """,
-    # The real interpreter for `-m zipfile`; node_bootstrap is replaced by a recorder with a chosen exit.
+    # The real interpreter for `-m zipfile`; node_bootstrap is replaced by a recorder with a chosen exit
+    # (and, with STUB_BOOTSTRAP_HANG, one that never ends; with STUB_BOOTSTRAP_MARKER, one that signalled).
     "python3": """#!/bin/bash
 if [ "$1 $2" = "-m node_bootstrap" ]; then
   echo "bootstrap PYTHONPATH=$PYTHONPATH args=$*" >>"$STUB_LOG"
+  if [ -n "${STUB_BOOTSTRAP_MARKER:-}" ]; then
+    mkdir -p "$CLUSTER_ROOT/var/lib/cluster" && echo signalled >"$CLUSTER_ROOT/var/lib/cluster/bootstrap-signalled"
+  fi
+  if [ -n "${STUB_BOOTSTRAP_HANG:-}" ]; then
+    exec /bin/sleep 60
+  fi
   exit "${STUB_BOOTSTRAP_RC:-0}"
 fi
 exec "$STUB_REAL_PYTHON" "$@"
@@ -101,6 +108,10 @@ def run_user_data(world, **extra_env):
 
 def aws_calls(calls):
     return [c for c in calls if c.startswith("aws ")]
+
+
+def retry_sleeps(calls):
+    return [c for c in calls if c.startswith("sleep") and c != "sleep 0.5"]  # 0.5 s: the shim polling node_bootstrap
 
 
 def test_template_has_every_placeholder_and_is_valid_bash(world):
@@ -165,7 +176,7 @@ def test_a_failed_download_is_retried_then_signalled(world):
     result, calls = run_user_data(world)
     assert result.returncode != 0
     assert len([c for c in calls if c.startswith("aws s3 cp")]) == 5
-    assert [c for c in calls if c.startswith("sleep")] == ["sleep 2", "sleep 4", "sleep 8", "sleep 16"]
+    assert retry_sleeps(calls) == ["sleep 2", "sleep 4", "sleep 8", "sleep 16"]
     assert "stage 'download bundle'" in aws_calls(calls)[-2]
     assert "set-instance-health" in aws_calls(calls)[-1]
     assert not any(c.startswith("bootstrap") for c in calls)
@@ -175,7 +186,7 @@ def test_a_download_that_recovers_continues(world):
     (world[0] / "state/s3_failures").write_text("2")
     result, calls = run_user_data(world)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert [c for c in calls if c.startswith("sleep")] == ["sleep 2", "sleep 4"]
+    assert retry_sleeps(calls) == ["sleep 2", "sleep 4"]
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
@@ -186,3 +197,49 @@ def test_imds_failure_before_tagging_still_exits_non_zero(world):
     assert result.returncode != 0
     assert "FAILED at stage 'tag running'" in result.stdout
     assert "cannot read the instance id from IMDS" in result.stdout  # nothing to tag: the log says why
+
+
+def test_the_running_tag_is_not_fatal(world):
+    tmp_path = world[0]
+    (tmp_path / "bin/aws").write_text("""#!/bin/bash
+echo "aws $*" >>"$STUB_LOG"
+case "$*" in
+  *Value=running*) echo "An error occurred (RequestLimitExceeded)" >&2; exit 254 ;;
+  "s3 cp"*) cp "$STUB_BUNDLE_ZIP" "${@: -1}" ;;
+esac
+""")
+    result, calls = run_user_data(world)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "could not tag i-0a1b2c3d4e5f60718 cluster:bootstrap=running (not fatal); continuing" in result.stdout
+    assert any(c.startswith("bootstrap") for c in calls)
+
+
+def _hanging_world(world):
+    tmp_path, script, env, _ = world
+    config = json.loads((tmp_path / "user-data.sh").read_text().split("<<'NODE_CONFIG_EOF'\n", 1)[1]
+                        .split("\nNODE_CONFIG_EOF", 1)[0])
+    config["bootstrap"]["deadlineSeconds"] = 1
+    text = script.read_text()
+    start = text.index("<<'NODE_CONFIG_EOF'\n") + len("<<'NODE_CONFIG_EOF'\n")
+    end = text.index("\nNODE_CONFIG_EOF", start)
+    script.write_text(text[:start] + json.dumps(config) + text[end:])
+    (tmp_path / "bin/sleep").write_text('#!/bin/bash\necho "sleep $*" >>"$STUB_LOG"\nexec /bin/sleep "$1"\n')
+
+
+def test_a_bootstrap_that_never_ends_is_abandoned_after_its_deadline_and_signalled(world):
+    _hanging_world(world)
+    result, calls = run_user_data(world, STUB_BOOTSTRAP_HANG="1", CLUSTER_BOOTSTRAP_GRACE_S="1")
+    assert result.returncode == 124
+    assert "still ran 2 s after it started: killed and abandoned" in result.stdout
+    create_failed, health = aws_calls(calls)[-2:]
+    assert "user-data failed at stage 'node_bootstrap run (exit 124)'" in create_failed
+    assert "set-instance-health" in health
+
+
+def test_a_stuck_bootstrap_that_already_signalled_is_not_signalled_again(world):
+    _hanging_world(world)
+    result, calls = run_user_data(world, STUB_BOOTSTRAP_HANG="1", STUB_BOOTSTRAP_MARKER="1",
+                                  CLUSTER_BOOTSTRAP_GRACE_S="1")
+    assert result.returncode == 124
+    assert not any("set-instance-health" in c for c in aws_calls(calls))
+    assert "it already tagged the instance failed and marked it Unhealthy" in result.stdout

@@ -21,6 +21,9 @@ def test_defaults_from_cdk_json():
     # 4.8 TiB at 1000 MB/s/TiB: ~4.7 GB/s of Lustre throughput, enough to keep checkpoints short.
     assert settings.storage.fsx_throughput_gbps == pytest.approx(4.6875)
     assert settings.tags == {"project": "p5-training-cluster"}
+    assert (settings.bootstrap.timeout_minutes, settings.bootstrap.protected_mode_failures,
+            settings.bootstrap.protected_mode_window_minutes) == (20, 3, 60)
+    assert settings.bootstrap.timeout_seconds == 1200
 
 
 def test_command_line_strings_are_typed():
@@ -157,8 +160,62 @@ BAD_SETTINGS = [
     ({"budgetUsd": "-5"}, "budgetUsd='-5': must be an amount in USD > 0, or empty for none"),
     ({"budgetUsd": "lots"}, "budgetUsd='lots': must be an amount in USD > 0, or empty for none"),
     ({"budgetUsd": "nan"}, "budgetUsd='nan': must be an amount in USD > 0, or empty for none"),
-    ({"tags": {"aws:reserved": "x"}}, "tags.aws:reserved='x'"),
+    (
+        {"tags": {"aws:reserved": "x"}},
+        "tags key='aws:reserved': must not start with aws: or cluster: (reserved)",
+    ),
+    ({"tags": {"AWS:Reserved": "x"}}, "tags key='AWS:Reserved': must not start with aws:"),
+    ({"tags": "cluster:bootstrap=ready"}, "tags key='cluster:bootstrap': must not start with aws: or cluster:"),
+    (
+        {"tags": {"team": "ml;rm -rf"}},
+        "tags.team='ml;rm -rf': 0-256 characters: letters, digits, spaces and _ . : / = + - @",
+    ),
+    ({"tags": {"team": "x" * 257}}, "0-256 characters"),
+    ({"tags": {"t" * 129: "x"}}, "1-128 characters: letters, digits, spaces and _ . : / = + - @"),
+    ({"tags": {"owner": "a,b"}}, "tags.owner='a,b': 0-256 characters"),
+    ({"tags": {f"k{i}": "v" for i in range(48)}}, "tags='48 tags': at most 47 tags"),
+    (
+        {"availabilityZone": "us-east-1z"},
+        "availabilityZone='us-east-1z': must be a zone of region us-east-1: us-east-1 and one letter a-f",
+    ),
+    ({"availabilityZone": "us-east-1"}, "availabilityZone='us-east-1': must be a zone of region us-east-1"),
+    (
+        {"fsxStorageGiB": "2400000"},
+        "fsxStorageGiB=2400000: must be at most 100800, the default FSx for Lustre PERSISTENT_2 storage quota",
+    ),
+    (
+        {"capacityMode": "capacity-block", "capacityReservationId": "cr-0123456789abcdef0"},
+        "capacityMode='capacity-block' needs reservationEndDate (the block's end",
+    ),
+    (
+        {"instanceType": "p4d.24xlarge", "fsxEfaEnabled": "true"},
+        "fsxEfaEnabled=True: FSx for Lustre supports EFA clients on Nitro v4+ instance types (p5.48xlarge, "
+        "p5e.48xlarge, p5en.48xlarge, p6-b200.48xlarge), not p4d.24xlarge",
+    ),
+    ({"instanceType": "p4de.24xlarge", "fsxEfaEnabled": "true"}, "not p4de.24xlarge"),
+    ({"dataVersionRetentionDays": "0"}, "dataVersionRetentionDays=0: must be an integer >= 1"),
+    ({"bootstrapTimeoutMinutes": "2"}, "bootstrapTimeoutMinutes=2: must be an integer >= 5 and <= 120"),
+    ({"protectedModeFailures": "0"}, "protectedModeFailures=0: must be an integer >= 1 and <= 100"),
+    (
+        {"bootstrapTimeoutMinutes": "45", "protectedModeWindowMinutes": "30"},
+        "protectedModeWindowMinutes=30: must be >= bootstrapTimeoutMinutes=45",
+    ),
 ]
+
+
+def test_every_letter_zone_a_to_f_is_accepted():
+    for letter in "abcdef":
+        assert build_settings(availabilityZone=f"us-east-1{letter}").network.availability_zone.endswith(letter)
+
+
+def test_tags_with_allowed_characters_and_the_limits_pass():
+    allowed = {"cost-center": "42", "team/owner": "ml platform_1+a=b@c.d:e", "empty": "", "é": "ü" * 256}
+    assert build_settings(tags=allowed).tags == allowed
+    assert len(build_settings(tags={f"k{i}": "v" for i in range(47)}).tags) == 47
+
+
+def test_largest_storage_is_accepted():
+    assert build_settings(fsxStorageGiB="100800").storage.fsx_storage_gib == 100800
 
 
 @pytest.mark.parametrize(("overrides", "message"), BAD_SETTINGS, ids=[str(o) for o, _ in BAD_SETTINGS])

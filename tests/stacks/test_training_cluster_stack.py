@@ -29,6 +29,9 @@ OUTPUT_KEYS = {
     "InstanceType",
     "NodeCount",
     "CapacityMode",
+    "VpcId",
+    "FileSystemSubnetId",
+    "FileSystemSecurityGroupId",
 }
 USER_DATA_LIMIT_BYTES = 16 * 1024  # EC2 rejects larger user-data
 
@@ -79,12 +82,126 @@ def _strings(value):
             yield from _strings(item)
 
 
+# A 12-digit run that stands alone: not inside a longer run of letters and digits, such as a 64-hex asset hash.
+ACCOUNT_ID = re.compile(r"(?<![0-9A-Za-z])[0-9]{12}(?![0-9A-Za-z])")
+
+
+def account_ids_in(template: dict) -> list[str]:
+    return [s for s in _strings(template) if ACCOUNT_ID.search(s)]
+
+
+def test_account_id_check_fires_on_ids_and_not_on_asset_hashes():
+    asset_hash = "5f0e3c1a" + "123456789012" + "ab" * 22  # 12 digits inside a hash, as the bundle's can have
+    assert account_ids_in({"Key": f"{asset_hash}.zip", "Image": f"cdk-hnb659fds-assets-x/{asset_hash}"}) == []
+    assert account_ids_in({"Arn": "arn:aws:iam::123456789012:role/x"}) == ["arn:aws:iam::123456789012:role/x"]
+    assert account_ids_in({"Bucket": "cdk-hnb659fds-assets-123456789012-us-east-1"}) != []
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_no_hard_coded_account_id(synth, variant):
     template = synth(variant).template_json
-    with_ids = [s for s in _strings(template) if re.search(r"(?<![0-9])[0-9]{12}(?![0-9])", s)]
-    assert with_ids == [], "an account id is baked into the template"
+    assert account_ids_in(template) == [], "an account id is baked into the template"
     assert '"AWS::AccountId"' in json.dumps(template)  # ARNs take the account at deploy time
+
+
+def _node_statements(stack) -> list[dict]:
+    (policy,) = [
+        r["Properties"] for k, r in stack.resources("AWS::IAM::Policy").items() if k.startswith("NodesRole")
+    ]
+    return policy["PolicyDocument"]["Statement"]
+
+
+@pytest.mark.parametrize("variant", ["default-p5-on-demand", "odcr-existing"])
+def test_nodes_get_no_s3_access_but_the_bundle_object(synth, variant):
+    stack = synth(variant)
+    s3 = [s for s in _node_statements(stack) if "s3:" in json.dumps(s["Action"])]
+    # one statement: GetObject on the bundle asset's own key, not the CDK assets bucket, and nothing on the data
+    # and checkpoint buckets (also when dataBucketName names the user's own bucket, in odcr-existing)
+    (statement,) = s3
+    assert statement["Action"] == "s3:GetObject"
+    resource = json.dumps(statement["Resource"])
+    (lt,) = stack.resources("AWS::EC2::LaunchTemplate").values()
+    bundle_key = re.search(r"([0-9a-f]{64}\.zip)", json.dumps(lt)).group(1)
+    assert resource.endswith(f'/{bundle_key}"]]}}') and "*" not in resource
+    assert "team-training-data" not in json.dumps(_node_statements(stack))
+    roles = stack.resources("AWS::IAM::Role")
+    assert not [k for k, r in roles.items() if k.startswith("Nodes") and "ManagedPolicyArns" in r["Properties"]]
+
+
+def _references(value) -> set[str]:
+    """Logical ids that a resource's properties refer to (Ref, Fn::GetAtt)."""
+    found = set()
+    if isinstance(value, dict):
+        if set(value) == {"Ref"}:
+            found.add(value["Ref"])
+        elif set(value) == {"Fn::GetAtt"}:
+            found.add(value["Fn::GetAtt"][0])
+        for item in value.values():
+            found |= _references(item)
+    elif isinstance(value, list):
+        for item in value:
+            found |= _references(item)
+    return found
+
+
+@pytest.mark.parametrize("variant", ["default-p5-on-demand", "p6-b200-efa-fsx"])
+def test_what_a_retained_resource_uses_is_retained_too(synth, variant):
+    """`cdk destroy` cannot delete what a retained resource still uses: the security group and subnet hold the
+    retained file system's network interfaces, the VPC holds the subnet (DELETE_FAILED otherwise)."""
+    resources = synth(variant).template_json["Resources"]
+    retained = {k for k, r in resources.items() if r.get("DeletionPolicy") == "Retain"}
+    missing = {
+        (k, used)
+        for k in retained
+        for used in _references(resources[k].get("Properties", {}))
+        if used in resources and used not in retained
+    }
+    assert missing == set()
+    kinds = {resources[k]["Type"] for k in retained}
+    assert {"AWS::FSx::FileSystem", "AWS::EC2::SecurityGroup", "AWS::EC2::Subnet", "AWS::EC2::VPC"} <= kinds
+    # the file servers keep talking to each other: the group's rules to itself stay with it
+    (fsx,) = [r for r in resources.values() if r["Type"] == "AWS::FSx::FileSystem"]
+    (group,) = _references(fsx["Properties"]["SecurityGroupIds"])
+    self_rules = [
+        k
+        for k, r in resources.items()
+        if r["Type"] in ("AWS::EC2::SecurityGroupIngress", "AWS::EC2::SecurityGroupEgress")
+        and _references(r["Properties"]) == {group}
+    ]
+    assert self_rules and set(self_rules) <= retained
+    # nothing else: the NAT gateway, endpoints, the nodes' group and their rules to the file system are deleted
+    assert not {"AWS::EC2::NatGateway", "AWS::EC2::VPCEndpoint", "AWS::EC2::SecurityGroupIngress"} & {
+        resources[k]["Type"] for k in retained if k not in self_rules
+    }
+    assert len([k for k in retained if resources[k]["Type"] == "AWS::EC2::SecurityGroup"]) == 1
+
+
+NAME_PROPERTIES = {"AWS::Logs::LogGroup": "LogGroupName", "AWS::S3::Bucket": "BucketName"}
+
+
+@pytest.mark.parametrize("variant", ["default-p5-on-demand"])
+def test_retained_resources_never_take_a_fixed_name(synth, variant):
+    """A retained resource outlives `cdk destroy`; a fixed name would make the next deploy collide with it."""
+    resources = synth(variant).template_json["Resources"]
+    for logical_id, resource in resources.items():
+        name_property = NAME_PROPERTIES.get(resource["Type"])
+        if resource.get("DeletionPolicy") != "Retain" or not name_property:
+            continue
+        name = resource["Properties"].get(name_property)
+        # either CloudFormation names it, or the name carries the stack id, new for every creation of the stack
+        assert name is None or "AWS::StackId" in json.dumps(name), (logical_id, name)
+    (group,) = [
+        r for r in resources.values() if r["Type"] == "AWS::Logs::LogGroup" and r.get("DeletionPolicy") == "Retain"
+    ]
+    assert group["Properties"]["LogGroupName"] == {
+        "Fn::Join": [
+            "",
+            [
+                "/training-cluster/TrainingClusterStack/",
+                {"Fn::Select": [2, {"Fn::Split": ["/", {"Ref": "AWS::StackId"}]}]},
+            ],
+        ]
+    }
 
 
 def _user_data_text(stack) -> str:
@@ -99,7 +216,7 @@ def _user_data_text(stack) -> str:
     return "".join(p if isinstance(p, str) else fillers[next(iter(p))] for p in parts)
 
 
-@pytest.mark.parametrize("variant", ["default-p5-on-demand", "p4d-isolated-efa-fsx"])
+@pytest.mark.parametrize("variant", ["default-p5-on-demand", "p4d-isolated"])
 def test_user_data_is_valid_bash_within_the_ec2_limit(synth, variant, tmp_path):
     text = _user_data_text(synth(variant))
     assert text.startswith("#!/bin/bash")
@@ -162,3 +279,21 @@ def test_user_data_placeholders_must_appear_exactly_once():
             node_config_json="{}",
             log_group_name="/g",
         )
+
+
+def test_checkov_exceptions_are_on_their_resources_and_in_the_security_doc(synth):
+    from cdk_support import REPO_ROOT
+
+    from stacks.checkov_exceptions import CHECKOV_EXCEPTIONS
+
+    resources = synth("default-p5-on-demand").template_json["Resources"]
+    skips = [skip for r in resources.values() for skip in r.get("Metadata", {}).get("checkov", {}).get("skip", [])]
+    expected = sorted(check for exceptions in CHECKOV_EXCEPTIONS.values() for check, _ in exceptions)
+    assert sorted(skip["id"] for skip in skips) == expected  # every exception found its resource, once
+    assert all(len(skip["comment"]) > 40 for skip in skips)
+    security = (REPO_ROOT / "docs" / "security.md").read_text()
+    rows = {
+        (match.group(1), match.group(2))
+        for match in re.finditer(r"^\| (CKV_AWS_\d+)[^|]* \| `([^`]+)` \|", security, re.M)
+    }
+    assert rows == {(check, path) for path, exceptions in CHECKOV_EXCEPTIONS.items() for check, _ in exceptions}

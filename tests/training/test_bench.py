@@ -10,7 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from training.bench import BenchResult, build_parser, format_table, main
+from training.bench import (
+    BenchResult,
+    Variant,
+    _add_torchtitan_ratios,
+    build_parser,
+    expand_variants,
+    format_table,
+    main,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -30,6 +38,7 @@ def bench_run(tmp_path_factory):
             "1",
             "--seq-len",
             "32",
+            "--compare-torchtitan",
             "--json",
             str(out),
         ],
@@ -58,13 +67,23 @@ def test_cpu_run_prints_the_table_for_every_backend(bench_run):
         "peak",
         "GiB",
         "loss",
+        "vs",
+        "titan",
     ]
-    rows = {line.split()[0]: line.split() for line in lines[2:5]}
-    assert rows["none"][1] == "ok" and rows["torchao"][1] == "ok"
+    rows = {line.split()[0]: line.split() for line in lines[2:7]}
+    # on a CPU torchao runs only its tensorwise recipe; torchtitan gets the none and torchao rows, never te
+    assert list(rows) == ["none", "torchao-tensorwise", "te-delayed", "titan:none", "titan:torchao-tensorwise"]
+    assert rows["none"][1] == "ok" and rows["torchao-tensorwise"][1] == "ok"
     assert float(rows["none"][2]) > 0 and rows["none"][4] == "-"  # tokens/s; no MFU on a CPU
-    assert rows["te"][1] == "skipped"
+    assert rows["te-delayed"][1] == "skipped"
     assert any(
-        line.startswith("te: skipped: fp8.backend='te': Transformer Engine is not importable")
+        line.startswith("te-delayed: skipped: fp8.backend='te': Transformer Engine is not importable")
+        for line in lines
+    )
+    # torchtitan is not a dependency: its rows say so, and the run still succeeds
+    assert rows["titan:none"][1] == "skipped" and rows["none"][-1] == "-"
+    assert any(
+        line.startswith("titan:none: skipped: torchtitan is not importable") and "pip install torchtitan" in line
         for line in lines
     )
     assert "MFU: not reported (no GPU peak known for this device)" in lines
@@ -75,14 +94,17 @@ def test_json_has_the_numbers_and_the_versions(bench_run):
     assert data["preset"] == "tiny" and data["seq_len"] == 32 and data["peak_bf16_tflops"] is None
     assert data["versions"]["torchao"]  # imported by the torchao run
     results = {r["backend"]: r for r in data["results"]}
+    assert data["fp8_all_gather"] is False  # one rank: nothing to all-gather (torchtitan's rule)
+    assert data["sdpa_priority"] == "cudnn"
     none = results["none"]
     assert none["status"] == "ok" and none["mfu"] is None
     # TFLOP/s is flops_per_token x tokens/s
     assert none["tflops"] == pytest.approx(data["flops_per_token"] * none["tokens_per_s"] / 1e12)
     assert none["tokens_per_s"] == pytest.approx(8 * 32 / (none["step_time_ms"] / 1000))
     assert none["peak_memory_gib"] > 0 and 4.5 < none["final_loss"] < 7.5
-    assert results["torchao"]["status"] == "ok"
-    assert results["te"]["status"] == "skipped" and "pip install" in results["te"]["reason"]
+    assert results["torchao-tensorwise"]["status"] == "ok"
+    assert results["te-delayed"]["status"] == "skipped" and "pip install" in results["te-delayed"]["reason"]
+    assert results["titan:none"]["status"] == "skipped" and none["vs_torchtitan"] is None
 
 
 def test_bad_backend_list_is_a_usage_error(capsys):
@@ -91,6 +113,37 @@ def test_bad_backend_list_is_a_usage_error(capsys):
         "--backends='none,fp4': allowed: a comma-separated subset of none, torchao, te"
         in capsys.readouterr().err
     )
+
+
+def test_bad_recipe_list_is_a_usage_error(capsys):
+    assert main(["--torchao-recipes", "tensorwise,blockwise"]) == 2
+    assert (
+        "--torchao-recipes='tensorwise,blockwise': allowed: a comma-separated subset of tensorwise, rowwise"
+        in capsys.readouterr().err
+    )
+
+
+def test_variants_expand_recipes_and_mirror_none_and_torchao_for_torchtitan():
+    variants = expand_variants(["none", "torchao", "te"], ["tensorwise", "rowwise"], ["delayed"],
+                               compare_torchtitan=True)
+    assert [v.name for v in variants] == [
+        "none", "torchao-tensorwise", "torchao-rowwise", "te-delayed",
+        "titan:none", "titan:torchao-tensorwise", "titan:torchao-rowwise",
+    ]
+    assert [v.name for v in expand_variants(["torchao"], ["rowwise"], [], compare_torchtitan=False)] == [
+        "torchao-rowwise"
+    ]
+
+
+def test_ratio_is_ours_over_torchtitans_for_the_same_backend_and_recipe():
+    variants = [Variant("none"), Variant("torchao", "rowwise"), Variant("none", torchtitan=True),
+                Variant("torchao", "rowwise", torchtitan=True)]
+    results = [BenchResult("none", "ok", tokens_per_s=51.0), BenchResult("torchao-rowwise", "ok", tokens_per_s=40.0),
+               BenchResult("titan:none", "ok", tokens_per_s=50.0), BenchResult("titan:torchao-rowwise", "skipped")]
+    _add_torchtitan_ratios(variants, results)
+    assert results[0].vs_torchtitan == pytest.approx(1.02)
+    assert results[1].vs_torchtitan is None  # torchtitan's row did not run: no ratio, not a made-up one
+    assert results[2].vs_torchtitan is None
 
 
 def test_help_lists_the_documented_options():
@@ -105,6 +158,11 @@ def test_help_lists_the_documented_options():
         "--activation-checkpointing",
         "--compile",
         "--json",
+        "--torchao-recipes",
+        "--compare-torchtitan",
+        "--sdpa-priority",
+        "--fp8-all-gather",
+        "--profile",
     ):
         assert option in help_text
 
@@ -133,6 +191,7 @@ def test_table_shows_mfu_as_a_percentage_and_failures_with_their_reason():
         ),
         BenchResult("te", "failed", "OutOfMemoryError: CUDA out of memory"),
     ]
+    results[0].vs_torchtitan = 1.0234
     table = format_table(header, results)
-    assert "40.4%" in table and "compile on" in table
+    assert "40.4%" in table and "compile on" in table and "1.023x" in table
     assert "te: failed: OutOfMemoryError: CUDA out of memory" in table

@@ -12,8 +12,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from training.errors import ConfigError
-from training.fp8 import Fp8Config, NoFp8, apply_linear_swap, build_fp8_backend, fp8_eligible
+from training.fp8 import (
+    Fp8Config,
+    NoFp8,
+    TransformerEngineFp8,
+    apply_linear_swap,
+    build_fp8_backend,
+    fp8_eligible,
+    te_unverified_combinations,
+)
 from training.model import Transformer, build_model_config
+from training.parallelize import apply_activation_checkpointing
 
 HAS_TE = importlib.util.find_spec("transformer_engine") is not None
 
@@ -149,3 +158,53 @@ def test_invalid_fp8_config_names_the_field(kwargs, message):
     with pytest.raises(ConfigError) as excinfo:
         Fp8Config(**kwargs).validate()
     assert str(excinfo.value).startswith(message)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Transformer Engine's activation checkpointing and the start-up report, with a stand-in for TE's module:
+# TE itself cannot be installed on this CPU machine (the real thing: benchmarks/te_checkpoint_check.py).
+def te_backend_with(fake_te) -> TransformerEngineFp8:
+    backend = TransformerEngineFp8.__new__(TransformerEngineFp8)  # __init__ needs an FP8 GPU
+    backend.te = fake_te
+    return backend
+
+
+def test_te_activation_checkpointing_recomputes_blocks_through_te_checkpoint():
+    calls = []
+
+    def te_checkpoint(function, *args, use_reentrant=True, **kwargs):
+        calls.append((function, use_reentrant))
+        return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=use_reentrant, **kwargs)
+
+    fn = te_backend_with(types.SimpleNamespace(checkpoint=te_checkpoint)).activation_checkpoint_fn()
+    reference = Transformer(build_model_config("tiny"))
+    reference.init_weights(seed=0)
+    model = Transformer(build_model_config("tiny"))
+    model.load_state_dict(reference.state_dict())
+    for i, block in enumerate(model.layers):
+        model.layers[i] = apply_activation_checkpointing(block, checkpoint_fn=fn)
+    tokens = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+    model(tokens).sum().backward()
+    reference(tokens).sum().backward()
+    # every block went through TE's checkpoint, non-reentrant (TE's FSDP example), once per forward
+    assert [(type(f).__name__, r) for f, r in calls] == [("TransformerBlock", False)] * 2
+    # same FQNs once checkpoint_wrapper's prefix is dropped (what DCP's state_dict helpers do), same grads
+    grads = {n.replace("_checkpoint_wrapped_module.", ""): p.grad for n, p in model.named_parameters()}
+    for name, param in reference.named_parameters():
+        torch.testing.assert_close(grads[name], param.grad)
+
+
+def test_torchao_and_none_recompute_with_torch_checkpoint():
+    assert build_fp8_backend(Fp8Config()).activation_checkpoint_fn() is None
+    assert build_fp8_backend(Fp8Config(backend="torchao", emulate=True)).activation_checkpoint_fn() is None
+
+
+def test_the_te_combinations_not_verified_on_a_gpu_are_named():
+    assert te_unverified_combinations(Fp8Config(backend="torchao"), activation_checkpointing=True) == []
+    names = te_unverified_combinations(Fp8Config(backend="te", te_recipe="delayed"), activation_checkpointing=True)
+    assert names == [
+        "te_recipe=delayed: save and bit-exact resume through DCP (FP8 metadata in _extra_state carried as bytes)",
+        "te_recipe=delayed: activation checkpointing through te.checkpoint under FSDP2",
+    ]
+    current = te_unverified_combinations(Fp8Config(backend="te", te_recipe="current"), activation_checkpointing=False)
+    assert [n.split(":")[0] for n in current] == ["te_recipe=current"]

@@ -155,3 +155,19 @@ def test_pci_fields_of_the_device_properties_win_when_present(monkeypatch):
     props = _Props("unused", pci_domain_id=0, pci_bus_id=0x53, pci_device_id=0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
     assert numa.cuda_device_pci_bus_id(0, procfs_root="/nonexistent") == "0000:53:00.0"
+
+
+def test_the_torch_facts_that_keep_our_loader_pinning(monkeypatch):
+    """training/numa.py's docstring says why torchrun's --numa-binding does not replace it; these are the torch
+    2.13 facts it rests on. A torch that changes them fails here, and the choice should be made again."""
+    from torch.numa import binding
+
+    # the whole worker command is wrapped in numactl: every thread of the rank is bound, not a loader thread
+    assert binding._assemble_numactl_command_args(
+        original_command_args=("python", "-m", "training"), logical_cpu_indices={0, 1, 2, 5}
+    ) == ("numactl", "--physcpubind=0-2,5", "python", "-m", "training")
+    # numactl is required, and torchrun's --numa-binding does not fall back without it
+    monkeypatch.setattr(binding.shutil, "which", lambda name: None)
+    with pytest.raises(RuntimeError, match="numactl CLI is required"):
+        binding._raise_if_binding_invalid(logical_cpu_indices={0})
+    assert binding.NumaOptions(affinity_mode=binding.AffinityMode.NODE).should_fall_back_if_binding_fails is False

@@ -1,0 +1,125 @@
+"""Running ``python -m training`` under ``torchrun --nproc_per_node=2`` on the CPU (gloo, FSDP2, the tiny
+model, synthetic data) and reading what it printed and saved: shared by the torchrun test modules."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+REPO = Path(__file__).resolve().parents[1]
+RUN_TIMEOUT_S = 300  # a hung collective fails the test instead of the whole CI job
+
+# The tiny-cpu default made smaller: 4 x 32 tokens per rank per micro-batch, 2 micro-batches per step
+# (exercises gradient accumulation), metrics every step (the tests compare per-step losses).
+SMALL = [
+    "run.seq_len=32", "run.micro_batch_size=4", "run.grad_accum_steps=2", "run.log_interval_steps=1",
+    "optim.lr=3e-3",
+]
+
+
+@dataclass
+class Run:
+    returncode: int
+    output: str  # stdout and stderr of torchrun and both ranks, interleaved
+
+    @property
+    def steps(self) -> list[dict]:
+        return [json.loads(line) for line in self.output.splitlines()
+                if line.startswith("{") and '"event": "step"' in line]
+
+    @property
+    def losses(self) -> dict[int, float]:
+        return {s["step"]: s["loss"] for s in self.steps}
+
+    @property
+    def grad_norms(self) -> dict[int, float]:
+        return {s["step"]: s["grad_norm"] for s in self.steps}
+
+
+TRAINING = ("-m", "training")  # what torchrun starts on each rank; a script path works too
+
+
+def torchrun_cmd(overrides: list[str], *, resume: str = "auto", entry: tuple[str, ...] = TRAINING) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           *entry, "--resume", resume]
+    for override in SMALL + overrides:
+        cmd += ["--set", override]
+    return cmd
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+
+
+def torchrun(overrides: list[str], *, resume: str = "auto", entry: tuple[str, ...] = TRAINING) -> Run:
+    proc = subprocess.run(torchrun_cmd(overrides, resume=resume, entry=entry), cwd=REPO, env=env(), text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)
+    return Run(proc.returncode, proc.stdout)
+
+
+def torchrun_and_signal(overrides: list[str], *, sig: int, after_step: int, resume: str = "auto") -> Run:
+    """Start a long run, send ``sig`` to rank 1's process once rank 0 has logged ``after_step``, and wait."""
+    proc = subprocess.Popen(torchrun_cmd(overrides, resume=resume), cwd=REPO, env=env(), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("{") and json.loads(line).get("step", 0) >= after_step:
+                os.kill(worker_pid(proc.pid, rank=1), sig)
+                break
+            assert time.monotonic() < deadline, "".join(lines)
+        rest, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+        lines.append(rest)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return Run(proc.returncode, "".join(lines))
+
+
+def worker_pid(torchrun_pid: int, *, rank: int) -> int:
+    """The pid of torchrun's worker process with RANK=rank (its child, found through /proc)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            if ppid != torchrun_pid:
+                continue
+            environ = (stat.parent / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue  # the process ended while we looked
+        if f"RANK={rank}".encode() in environ:
+            return int(stat.parent.name)
+    raise AssertionError(f"no worker with RANK={rank} under torchrun pid {torchrun_pid}")
+
+
+def complete_steps(root: Path) -> list[int]:
+    return sorted(int(p.name.split("-")[1]) for p in root.glob("step-*")
+                  if (p / ".metadata").is_file() and (p / "train_state.json").is_file())
+
+
+def load_checkpoint(path: Path, tmp: Path) -> dict:
+    out = tmp / f"{path.parent.name}-{path.name}.pt"
+    dcp_to_torch_save(path, out)
+    return torch.load(out, weights_only=False)
+
+
+def flatten(tree, prefix=""):
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from flatten(value, f"{prefix}{key}.")
+    elif isinstance(tree, list | tuple):
+        for i, value in enumerate(tree):
+            yield from flatten(value, f"{prefix}{i}.")
+    else:
+        yield prefix.rstrip("."), tree

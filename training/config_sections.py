@@ -1,0 +1,303 @@
+"""The training configuration's sections: one dataclass per TOML table, with its fields documented where they
+are declared and its own validation. training.config loads and combines them; each part of the package gets
+only its own section (training.checkpoint the [checkpoint] one, training.fp8 the [fp8] one, ...), which those
+modules re-export.
+
+This module imports neither torch nor numpy: clusterctl validates a job's config and `--set` items with the
+trainer's own code (training.config.load_config) on a machine without torch, before anything is sent.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+from training.errors import ConfigError
+
+# [data]: where batches come from
+SOURCES = ("synthetic", "shards")
+# [fp8]
+BACKENDS = ("none", "torchao", "te")
+TORCHAO_RECIPES = ("tensorwise", "rowwise")
+TE_RECIPES = ("delayed", "current")
+# [parallel]: the dtypes FSDP2's MixedPrecisionPolicy may use (training.parallelize maps them to torch dtypes)
+DTYPE_NAMES = ("bfloat16", "float32")
+# [metrics]: one CloudWatch dimension, Name=Value; when to write EMF step records
+_DIMENSION = re.compile(r"^[^=,]+=[^=,]+$")
+EMF_MODES = ("auto", "on", "off")
+JOB_ID_ENV = "CLUSTER_JOB_ID"  # set by node_bootstrap.jobs' supervisor for every job
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# Shape presets. Sources: Meta's params.json / Hugging Face config.json of the released checkpoints
+# (meta-llama/Llama-3.2-1B: hidden 2048, 16 layers, 32 heads, 8 kv heads, intermediate 8192, vocab 128256,
+# rope_theta 500000, rms_norm_eps 1e-5; Meta-Llama-3-8B: 4096, 32, 32, 8, 14336; Meta-Llama-3-70B: 8192, 80,
+# 64, 8, 28672), and torchtitan's models/llama3/__init__.py (llama3_configs "8B" and "70B": dim 4096/8192,
+# n_layers 32/80, n_heads 32/64, n_kv_heads 8, ffn_dim_multiplier 1.3, multiple_of 1024/4096, theta 500000,
+# which gives the same hidden sizes 14336 and 28672). The released 1B ties its input and output
+# embeddings; here they stay separate (as in torchtitan) so the meta-device build, FSDP2 and the FP8 filter
+# need no special case: the "1b" preset has 1.50B parameters instead of 1.24B, with the same blocks.
+# "125m" is GPT-2-small's width and depth (768 x 12 layers, 12 heads) in Llama form, with 4 kv heads and a
+# 32000 vocabulary (the Llama-2 tokenizer size): 124.7M parameters, 100M of them outside the embedding.
+MODEL_PRESETS: dict[str, dict[str, int | float]] = {
+    # trains on a laptop CPU in seconds; vocab 320 holds the byte-level tokenizer's 257 ids (256 bytes and the
+    # end-of-document token), rounded up to a multiple of 64
+    "tiny": dict(
+        dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=192, vocab_size=320, rope_theta=10000.0
+    ),
+    "125m": dict(
+        dim=768, n_layers=12, n_heads=12, n_kv_heads=4, ffn_dim=2048, vocab_size=32000, rope_theta=10000.0
+    ),
+    "1b": dict(
+        dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim=8192, vocab_size=128256, rope_theta=500000.0
+    ),
+    "llama3-8b": dict(
+        dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14336, vocab_size=128256, rope_theta=500000.0
+    ),
+    "llama3-70b": dict(
+        dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_dim=28672, vocab_size=128256, rope_theta=500000.0
+    ),
+}
+
+
+@dataclass
+class ModelConfig:
+    """The ``[model]`` section. With ``preset`` set, the preset's shape fills every shape field the file or
+    ``--set`` does not give (resolved by training.config.load_config)."""
+
+    preset: str = ""  # name in MODEL_PRESETS ("tiny", "125m", "1b", "llama3-8b", "llama3-70b"); "" = custom
+    dim: int = 64  # model (residual stream) width
+    n_layers: int = 2  # transformer blocks
+    n_heads: int = 4  # query heads; head_dim = dim / n_heads
+    n_kv_heads: int = 2  # key/value heads (grouped-query attention); divides n_heads
+    ffn_dim: int = 192  # SwiGLU hidden width
+    vocab_size: int = 256  # tokens in the vocabulary (the embedding and output head rows)
+    rope_theta: float = 10000.0  # RoPE base frequency
+    norm_eps: float = 1e-5  # RMSNorm epsilon
+    init_std: float = 0.02  # std of the normal init of the linear layers (torchtitan's default)
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    def validate(self) -> None:
+        if self.preset and self.preset not in MODEL_PRESETS:
+            raise ConfigError(
+                f"model.preset={self.preset!r}: allowed: {', '.join(MODEL_PRESETS)} or '' (custom)"
+            )
+        for name in ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"model.{name}={value!r}: allowed: an integer >= 1")
+        if self.dim % self.n_heads:
+            raise ConfigError(f"model.n_heads={self.n_heads!r}: allowed: a divisor of model.dim ({self.dim})")
+        if self.head_dim % 2:
+            raise ConfigError(
+                f"model.n_heads={self.n_heads!r}: allowed: a value giving an even head_dim (dim / n_heads = "
+                f"{self.head_dim}); RoPE rotates pairs of channels"
+            )
+        if self.n_heads % self.n_kv_heads:
+            raise ConfigError(
+                f"model.n_kv_heads={self.n_kv_heads!r}: allowed: a divisor of model.n_heads ({self.n_heads})"
+            )
+        for name in ("rope_theta", "norm_eps", "init_std"):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not (math.isfinite(value) and value > 0)
+            ):
+                raise ConfigError(f"model.{name}={value!r}: allowed: a finite number > 0")
+
+
+SHAPE_FIELDS = tuple(f.name for f in fields(ModelConfig) if f.name != "preset")
+
+@dataclass
+class ParallelConfig:
+    """The ``[parallel]`` section."""
+
+    activation_checkpointing: bool = False  # recompute each block's activations in backward (less memory)
+    compile: bool = False  # torch.compile each transformer block (Inductor; slow to start on a CPU)
+    param_dtype: str = "bfloat16"  # FSDP2 MixedPrecisionPolicy: dtype params are gathered in for compute
+    reduce_dtype: str = "float32"  # FSDP2 MixedPrecisionPolicy: dtype of the gradient reduce-scatter
+    reshard_after_forward: bool = True  # free gathered block params after forward (ZeRO-3); False keeps them
+
+    def validate(self) -> None:
+        for name in ("param_dtype", "reduce_dtype"):
+            value = getattr(self, name)
+            if value not in DTYPE_NAMES:
+                raise ConfigError(f"parallel.{name}={value!r}: allowed: {', '.join(DTYPE_NAMES)}")
+
+@dataclass
+class Fp8Config:
+    """The ``[fp8]`` section."""
+
+    backend: str = "none"  # none (bf16 matmuls) | torchao (torchao.float8) | te (Transformer Engine >= 2.16)
+    torchao_recipe: str = (
+        "tensorwise"  # torchao scaling: tensorwise | rowwise (per-row scales, more accurate)
+    )
+    te_recipe: str = (
+        "delayed"  # TE scaling: delayed (DelayedScaling, amax history) | current (Float8CurrentScaling)
+    )
+    te_amax_history_len: int = 1024  # steps of amax history for te_recipe = delayed (TE's default)
+    emulate: bool = False  # torchao only: FP8 casts with high-precision matmuls (CPU tests, GPUs without FP8)
+    fsdp_float8_all_gather: bool = (
+        True  # torchao tensorwise: FSDP2 all-gathers weights in FP8 (half the bytes)
+    )
+
+    def validate(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"fp8.backend={self.backend!r}: allowed: {', '.join(BACKENDS)}")
+        if self.torchao_recipe not in TORCHAO_RECIPES:
+            raise ConfigError(
+                f"fp8.torchao_recipe={self.torchao_recipe!r}: allowed: {', '.join(TORCHAO_RECIPES)}"
+            )
+        if self.te_recipe not in TE_RECIPES:
+            raise ConfigError(f"fp8.te_recipe={self.te_recipe!r}: allowed: {', '.join(TE_RECIPES)}")
+        if (
+            isinstance(self.te_amax_history_len, bool)
+            or not isinstance(self.te_amax_history_len, int)
+            or (self.te_amax_history_len < 1)
+        ):
+            raise ConfigError(
+                f"fp8.te_amax_history_len={self.te_amax_history_len!r}: allowed: an integer >= 1"
+            )
+        if self.emulate and self.backend == "te":
+            raise ConfigError("fp8.emulate=True: allowed only with fp8.backend='torchao' (TE cannot emulate)")
+
+@dataclass
+class DataConfig:
+    """The ``[data]`` section."""
+
+    source: str = "synthetic"  # "synthetic" (a learnable Markov chain, no files) or "shards" (data.path)
+    path: str = ""  # shard directory holding index.json (docs/data-format.md); used when source = "shards"
+    synthetic_branching: int = (
+        4  # successors per token in the synthetic Markov chain (loss floor <= ln of it)
+    )
+    prefetch_depth_steps: int = 2  # optimizer steps of micro-batches prepared ahead by the loader thread
+    pin_memory: bool = True  # stage batches in pinned host memory (only when the device is CUDA)
+    numa_affinity: bool = True  # keep the loader thread on the CPUs of its GPU's NUMA node (multi-socket)
+
+    def validate(self) -> None:
+        if self.source not in SOURCES:
+            raise ConfigError(f"data.source={self.source!r}: allowed: {', '.join(SOURCES)}")
+        if self.source == "shards" and not self.path:
+            raise ConfigError(
+                "data.path='': allowed: a shard directory (with index.json) when data.source='shards'"
+            )
+        if not _is_int(self.synthetic_branching) or not 1 <= self.synthetic_branching <= 1024:
+            raise ConfigError(
+                f"data.synthetic_branching={self.synthetic_branching!r}: allowed: an integer in 1..1024"
+            )
+        if not _is_int(self.prefetch_depth_steps) or self.prefetch_depth_steps < 1:
+            raise ConfigError(
+                f"data.prefetch_depth_steps={self.prefetch_depth_steps!r}: allowed: an integer >= 1"
+            )
+        for name in ("pin_memory", "numa_affinity"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"data.{name}={getattr(self, name)!r}: allowed: true, false")
+
+@dataclass
+class OptimConfig:
+    """The ``[optim]`` section."""
+
+    lr: float = 3e-4  # peak learning rate, reached at the end of warmup
+    min_lr: float = 3e-5  # floor the cosine decays to at the last step (absolute, not a ratio)
+    warmup_steps: int = 100  # optimizer steps of linear warmup from lr/warmup_steps up to lr
+    weight_decay: float = 0.1  # AdamW decoupled weight decay on matrices (norms and biases get none)
+    betas: tuple[float, float] = (0.9, 0.95)  # AdamW (beta1, beta2)
+    eps: float = 1e-8  # AdamW epsilon
+    max_grad_norm: float = 1.0  # clip the global L2 gradient norm to this; 0 disables clipping
+
+    def validate(self) -> None:
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ConfigError(f"optim.lr={self.lr!r}: allowed: a finite number > 0")
+        if not (math.isfinite(self.min_lr) and 0 <= self.min_lr <= self.lr):
+            raise ConfigError(f"optim.min_lr={self.min_lr!r}: allowed: 0 <= min_lr <= optim.lr ({self.lr})")
+        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or (
+            self.warmup_steps < 0
+        ):
+            raise ConfigError(f"optim.warmup_steps={self.warmup_steps!r}: allowed: an integer >= 0")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ConfigError(f"optim.weight_decay={self.weight_decay!r}: allowed: a number >= 0")
+        betas = tuple(self.betas)
+        if len(betas) != 2 or not all(isinstance(b, int | float) and 0 <= b < 1 for b in betas):
+            raise ConfigError(f"optim.betas={self.betas!r}: allowed: two numbers in [0, 1), e.g. [0.9, 0.95]")
+        self.betas = (float(betas[0]), float(betas[1]))
+        if not (math.isfinite(self.eps) and self.eps > 0):
+            raise ConfigError(f"optim.eps={self.eps!r}: allowed: a number > 0")
+        if not (math.isfinite(self.max_grad_norm) and self.max_grad_norm >= 0):
+            raise ConfigError(f"optim.max_grad_norm={self.max_grad_norm!r}: allowed: a number >= 0 (0 = off)")
+
+@dataclass
+class CheckpointConfig:
+    """The ``[checkpoint]`` section."""
+
+    dir: str = ""  # checkpoint root; saves go to <dir>/step-<N>/. "" = no saves (--resume PATH still works)
+    interval_steps: int = 0  # save every this many optimizer steps; 0 = only at the end and on SIGTERM
+    keep_last: int = 3  # complete checkpoints kept; older ones are deleted after a newer one completes
+    async_save: bool = True  # periodic saves with dcp.async_save (training continues while it writes)
+    save_final: bool = True  # save after the last step
+
+    def validate(self) -> None:
+        if not isinstance(self.dir, str):
+            raise ConfigError(f"checkpoint.dir={self.dir!r}: allowed: a directory path, or '' for none")
+        if not _is_int_at_least(self.interval_steps, minimum=0):
+            raise ConfigError(f"checkpoint.interval_steps={self.interval_steps!r}: allowed: an integer >= 0")
+        if not _is_int_at_least(self.keep_last, minimum=1):
+            raise ConfigError(f"checkpoint.keep_last={self.keep_last!r}: allowed: an integer >= 1")
+
+
+def _is_int_at_least(value: object, *, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+@dataclass
+class MetricsConfig:
+    """The ``[metrics]`` section. How often to log is ``run.log_interval_steps``."""
+
+    json_lines: bool = True  # one JSON object per logged step on rank 0's stdout (the jobs launcher reads it)
+    progress: bool = True  # a short human-readable progress line per logged step on rank 0's stderr
+    nvml: bool = True  # add GPU utilization, temperature, power and clocks through NVML when available
+    cloudwatch: bool = False  # publish step metrics from rank 0 with CloudWatch PutMetricData (needs boto3)
+    cloudwatch_namespace: str = "TrainingCluster"  # CloudWatch metric namespace
+    cloudwatch_dimensions: str = ""  # "Name=Value,Name=Value" added to every metric, e.g. "Job=llama-1b"
+    cloudwatch_region: str = ""  # AWS region for CloudWatch; "" = the default boto3 chain (AWS_REGION, ...)
+    cloudwatch_flush_steps: int = 10  # logged steps buffered per PutMetricData call (fewer API calls)
+    # "auto": a CloudWatch EMF line per logged step on rank 0's stderr when running as a cluster job
+    # (CLUSTER_JOB_ID set by the job supervisor); "on" / "off" force it. Namespace: cloudwatch_namespace.
+    emf: str = "auto"
+
+    def validate(self) -> None:
+        if self.emf not in EMF_MODES:
+            raise ConfigError(f"metrics.emf={self.emf!r}: allowed: {', '.join(EMF_MODES)}")
+        if not self.cloudwatch_namespace or self.cloudwatch_namespace.startswith("AWS/"):
+            raise ConfigError(
+                f"metrics.cloudwatch_namespace={self.cloudwatch_namespace!r}: allowed: a non-empty name "
+                "not starting with 'AWS/'"
+            )
+        dims = [d.strip() for d in self.cloudwatch_dimensions.split(",") if d.strip()]
+        if any(not _DIMENSION.fullmatch(d) for d in dims) or len(dims) > 30:
+            raise ConfigError(
+                f"metrics.cloudwatch_dimensions={self.cloudwatch_dimensions!r}: allowed: up to 30 "
+                "comma-separated Name=Value pairs, e.g. 'Job=llama-1b,Cluster=p5'"
+            )
+        flush = self.cloudwatch_flush_steps
+        if isinstance(flush, bool) or not isinstance(flush, int) or not 1 <= flush <= 100:
+            raise ConfigError(
+                f"metrics.cloudwatch_flush_steps={self.cloudwatch_flush_steps!r}: allowed: an integer 1..100"
+            )
+
+    def emf_enabled(self, environ: Mapping[str, str] | None = None) -> bool:
+        environ = os.environ if environ is None else environ
+        return self.emf == "on" or (self.emf == "auto" and bool(environ.get(JOB_ID_ENV)))
+
+    def dimensions(self) -> list[dict[str, str]]:
+        """The configured dimensions in PutMetricData's shape."""
+        pairs = [d.strip().split("=", 1) for d in self.cloudwatch_dimensions.split(",") if d.strip()]
+        return [{"Name": k.strip(), "Value": v.strip()} for k, v in pairs]
