@@ -293,6 +293,13 @@ class JobRunner(Construct):
                     resources=["*"],
                 ),
                 iam.PolicyStatement(
+                    # clusterctl top: the nodes' and the trainer's metrics. CloudWatch metric reads take no
+                    # resource ARN (Service Authorization Reference, "Actions defined by Amazon CloudWatch").
+                    sid="ReadClusterMetrics",
+                    actions=["cloudwatch:GetMetricData", "cloudwatch:ListMetrics"],
+                    resources=["*"],
+                ),
+                iam.PolicyStatement(
                     sid="PurchaseCapacityBlocks",
                     actions=["ec2:PurchaseCapacityBlock"],
                     resources=[capacity_reservation_arn],

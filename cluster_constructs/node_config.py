@@ -9,11 +9,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from stacks.settings import BootstrapSettings, ComputeSettings, HealthSettings, StorageSettings
+from cluster_constructs.cloudwatch_agent import EFA_METRICS_DIR, render_agent_config
+from cluster_constructs.cluster_metrics import TRAINING_NAMESPACE
+from stacks.settings import (
+    BootstrapSettings,
+    ComputeSettings,
+    HealthSettings,
+    ObservabilitySettings,
+    StorageSettings,
+)
 
 # 2: expected.nvswitch and the bootstrap section (deadline, protected mode);
-# 3: the monitor section and the jobs' hang timeouts (training.job*TimeoutSeconds)
-SCHEMA_VERSION = 3
+# 3: the monitor section and the jobs' hang timeouts (training.job*TimeoutSeconds);
+# 4: "metrics" and "cloudwatchAgent" (node metrics through the CloudWatch agent)
+SCHEMA_VERSION = 4
 BUNDLE_DIR = "/opt/cluster/bundle"
 NODE_CONFIG_PATH = "/etc/cluster/node-config.json"
 DLAMI_SCRATCH = (
@@ -31,6 +40,7 @@ def render_node_config(
     region: str,
     compute: ComputeSettings,
     storage: StorageSettings,
+    observability: ObservabilitySettings,
     file_system_dns_name: str,
     file_system_mount_name: str,
     log_group_name: str,
@@ -41,6 +51,10 @@ def render_node_config(
     """The node config as a JSON-ready dict (values may be CDK tokens)."""
     instance = compute.instance_type
     fsx = storage.fsx_mount_point
+    interval_s = observability.metrics_interval_seconds
+    # scratch is mounted at scratchMountPoint by node_bootstrap, or left where the DLAMI mounted it (and
+    # linked): the agent reports whichever is the mount point
+    disks = tuple(dict.fromkeys(("/", compute.scratch_mount_point, DLAMI_SCRATCH, fsx)))
     return {
         "schemaVersion": SCHEMA_VERSION,
         "stackName": stack_name,
@@ -61,6 +75,14 @@ def render_node_config(
             "efaEnabled": storage.fsx_efa_enabled,
         },
         "logging": {"logGroupName": log_group_name},
+        "metrics": {
+            "intervalSeconds": interval_s,
+            "namespace": TRAINING_NAMESPACE,
+            "efaMetricsDir": EFA_METRICS_DIR,
+        },
+        "cloudwatchAgent": render_agent_config(
+            log_group_name=log_group_name, interval_seconds=interval_s, disk_mount_points=disks
+        ),
         "training": {
             "bundleDir": BUNDLE_DIR,
             "envFile": "/etc/cluster/training.env",

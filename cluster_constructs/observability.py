@@ -1,7 +1,11 @@
 """ClusterObservability: the log group for bootstrap and job logs, the alarm topic, and the alarms.
 
-A missing node and a full file system are the two failures that silently idle a paid cluster: both alarm. So
-does protected mode: nodes that keep failing their bootstrap stop being replaced, and someone must look.
+A missing node and a full file system silently idle a paid cluster: both alarm. So does protected mode: nodes
+that keep failing their bootstrap stop being replaced, and someone must look. So do idle GPUs while nodes are
+in service (the most expensive failure there is), stragglers, EFA errors that keep rising, and an estimated
+cost above the budget; each of those is a setting that can be turned off (stacks/settings.py,
+ObservabilitySettings). The metrics they read are named in cluster_constructs/cluster_metrics.py; what each
+alarm means and what to do about it is in docs/troubleshooting.md.
 """
 
 from __future__ import annotations
@@ -34,9 +38,16 @@ from aws_cdk import (
 )
 from constructs import Construct
 
+from cluster_constructs import cluster_metrics as cm
 from stacks.settings import ObservabilitySettings
 
 LOW_FREE_STORAGE_FRACTION = 0.1
+ALARM_PERIOD = Duration.minutes(5)
+IDLE_PERIODS = 6  # 30 minutes of 5-minute periods
+STRAGGLER_PERIODS = 3  # 15 minutes
+EFA_ERROR_PERIODS = 3  # 15 minutes
+# The longest window a CloudWatch alarm can look back: Period x EvaluationPeriods <= 604,800 s (PutMetricAlarm).
+BUDGET_WINDOW = Duration.days(7)
 # Published by the nodes (node_bootstrap/protection.py) in the namespace their role may write.
 PROTECTED_MODE_NAMESPACE = "TrainingCluster"
 PROTECTED_MODE_METRIC = "BootstrapProtectedMode"
@@ -109,6 +120,8 @@ class ClusterObservability(Construct):
                 },
             )
         )
+        self.settings = settings
+        self.alarms: list[cloudwatch.Alarm] = []
         self.alarm_topic = sns.Topic(
             self, "AlarmTopic", master_key=key, enforce_ssl=True, display_name="Training cluster alarms"
         )
@@ -146,8 +159,7 @@ class ClusterObservability(Construct):
             treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
             alarm_description="Fewer training nodes in service than desired for 15 minutes",
         )
-        alarm.add_alarm_action(cw_actions.SnsAction(self.alarm_topic))
-        return alarm
+        return self._notify(alarm)
 
     def add_protected_mode_alarm(self, *, auto_scaling_group_name: str) -> cloudwatch.Alarm:
         """Alarm when nodes put the group into protected mode (node_bootstrap/protection.py publishes 1 then, and 0
@@ -222,5 +234,140 @@ class ClusterObservability(Construct):
             comparison_operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
             alarm_description="FSx for Lustre has less than 10% free storage",
         )
+        return self._notify(alarm)
+
+    def add_metric_alarms(
+        self, *, auto_scaling_group_name: str, cluster_name: str, usd_per_node_hour: float
+    ) -> list[cloudwatch.Alarm]:
+        """The alarms on the nodes' and the trainer's metrics that the settings turn on."""
+        s = self.settings
+        created = []
+        if s.idle_gpu_alarm:
+            created.append(self._idle_gpu_alarm(auto_scaling_group_name))
+        if s.straggler_alarm:
+            created += self._straggler_alarms(auto_scaling_group_name, cluster_name)
+        if s.efa_error_alarm:
+            created.append(self._efa_error_alarm(auto_scaling_group_name))
+        if s.budget_usd is not None:
+            created.append(self._budget_alarm(auto_scaling_group_name, s.budget_usd, usd_per_node_hour))
+        return created
+
+    def _notify(self, alarm: cloudwatch.Alarm) -> cloudwatch.Alarm:
         alarm.add_alarm_action(cw_actions.SnsAction(self.alarm_topic))
+        self.alarms.append(alarm)
         return alarm
+
+    @staticmethod
+    def _metric(namespace: str, name: str, dimensions: dict[str, str], statistic: str,
+                period: Duration = ALARM_PERIOD) -> cloudwatch.Metric:
+        return cloudwatch.Metric(namespace=namespace, metric_name=name, dimensions_map=dimensions,
+                                 statistic=statistic, period=period)
+
+    def _idle_gpu_alarm(self, group: str) -> cloudwatch.Alarm:
+        """Mean GPU utilization of the cluster below the threshold for 30 minutes while nodes are in service.
+        No GPU metrics at all while nodes run counts as idle (FILL 0): a node without its agent is paid for
+        too. With no node in service (a Capacity Block before its start) the expression is 100: not idle."""
+        threshold = self.settings.idle_gpu_utilization_percent
+        idle = cloudwatch.MathExpression(
+            expression="IF(nodes >= 1, FILL(gpu, 0), 100)",
+            using_metrics={
+                "gpu": self._metric(cm.AGENT_NAMESPACE, cm.GPU_UTILIZATION, {cm.GROUP: group}, "Average"),
+                "nodes": self._metric(cm.AUTOSCALING_NAMESPACE, cm.GROUP_IN_SERVICE, {cm.GROUP: group},
+                                      "Minimum"),
+            },
+            label="Mean GPU utilization while nodes are in service (%)",
+            period=ALARM_PERIOD,
+        )
+        alarm = idle.create_alarm(
+            self, "IdleGpuAlarm",
+            threshold=threshold,
+            comparison_operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
+            evaluation_periods=IDLE_PERIODS,
+            datapoints_to_alarm=IDLE_PERIODS,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            alarm_description=f"GPUs idle: mean GPU utilization below {threshold}% for 30 minutes while nodes "
+            "are in service (no job running, a hung job, or nodes without GPU metrics). The nodes bill all the "
+            "same: submit, fix or scale in. See docs/troubleshooting.md, 'Low GPU utilization'.",
+        )
+        return self._notify(alarm)
+
+    def _straggler_alarms(self, group: str, cluster_name: str) -> list[cloudwatch.Alarm]:
+        """A straggler for 15 minutes, seen two ways: the slowest rank's step time against the median rank's
+        (the trainer's EMF record), and the lowest GPU's utilization against the cluster's mean while a job
+        keeps the GPUs busy (the agent's cluster roll-up: one GPU or node held back by its host, data loading,
+        or a fault)."""
+        margin = self.settings.straggler_margin_percent
+        ratio = self._metric(cm.TRAINING_NAMESPACE, cm.STRAGGLER_RATIO, {cm.CLUSTER: cluster_name}, "Maximum")
+        step_alarm = ratio.create_alarm(
+            self, "StragglerStepTimeAlarm",
+            threshold=1 + margin / 100,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+            evaluation_periods=STRAGGLER_PERIODS,
+            datapoints_to_alarm=STRAGGLER_PERIODS,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            alarm_description=f"Straggler: the slowest rank's step time is more than {margin}% above the median "
+            "rank's for 15 minutes. The job runs at the slowest rank's pace. See docs/troubleshooting.md, "
+            "'Stragglers'.",
+        )
+        gap = cloudwatch.MathExpression(
+            expression=f"IF(mean >= {self.settings.idle_gpu_utilization_percent}, mean - lowest, 0)",
+            using_metrics={
+                "mean": self._metric(cm.AGENT_NAMESPACE, cm.GPU_UTILIZATION, {cm.GROUP: group}, "Average"),
+                "lowest": self._metric(cm.AGENT_NAMESPACE, cm.GPU_UTILIZATION, {cm.GROUP: group}, "Minimum"),
+            },
+            label="Mean GPU utilization minus the lowest GPU's (points)",
+            period=ALARM_PERIOD,
+        )
+        gpu_alarm = gap.create_alarm(
+            self, "StragglerGpuAlarm",
+            threshold=margin,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+            evaluation_periods=STRAGGLER_PERIODS,
+            datapoints_to_alarm=STRAGGLER_PERIODS,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            alarm_description=f"Straggler: one GPU's utilization more than {margin} points below the cluster's "
+            "mean for 15 minutes while a job runs. Find the node on the dashboard ('GPU utilization per node') "
+            "or with `clusterctl top`. See docs/troubleshooting.md, 'Stragglers'.",
+        )
+        return [self._notify(step_alarm), self._notify(gpu_alarm)]
+
+    def _efa_error_alarm(self, group: str) -> cloudwatch.Alarm:
+        errors = self._metric(cm.TRAINING_NAMESPACE, cm.EFA_ERROR_EVENTS, {cm.GROUP: group}, "Sum")
+        alarm = errors.create_alarm(
+            self, "EfaErrorsAlarm",
+            threshold=0,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+            evaluation_periods=EFA_ERROR_PERIODS,
+            datapoints_to_alarm=EFA_ERROR_PERIODS,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            alarm_description="EFA errors rising: SRD retransmit timeouts, unresponsive or impaired peers, or "
+            "RDMA work-request errors in every 5 minutes for 15 minutes. See docs/troubleshooting.md, "
+            "'EFA errors'.",
+        )
+        return self._notify(alarm)
+
+    def _budget_alarm(self, group: str, budget_usd: float, usd_per_node_hour: float) -> cloudwatch.Alarm:
+        """Estimated cost: node-minutes in service (the group's 1-minute GroupInServiceInstances, summed) x the
+        catalog's hourly On-Demand price / 60, over the last 7 days: the longest window an alarm can evaluate.
+        For a cluster younger than 7 days that is its cost since creation; after that, the cost of the last
+        7 days (`clusterctl top` shows the cost since creation). An estimate: a Capacity Block is paid upfront
+        at its own price, and prices differ by region (cluster_constructs/instance_types.py)."""
+        node_minutes = self._metric(cm.AUTOSCALING_NAMESPACE, cm.GROUP_IN_SERVICE, {cm.GROUP: group}, "Sum",
+                                    period=BUDGET_WINDOW)
+        cost = cloudwatch.MathExpression(
+            expression=f"node_minutes / 60 * {usd_per_node_hour}",
+            using_metrics={"node_minutes": node_minutes},
+            label="Estimated On-Demand cost, last 7 days (USD)",
+            period=BUDGET_WINDOW,
+        )
+        alarm = cost.create_alarm(
+            self, "BudgetAlarm",
+            threshold=budget_usd,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+            evaluation_periods=1,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            alarm_description=f"Budget: estimated cost above ${budget_usd:,.2f} (nodes in service x "
+            f"${usd_per_node_hour:,.2f}/h over the last 7 days, which is since creation for a younger "
+            "cluster). See docs/troubleshooting.md, 'Cost overrun'.",
+        )
+        return self._notify(alarm)

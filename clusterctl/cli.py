@@ -15,7 +15,7 @@ from typing import TextIO
 import botocore.exceptions
 
 from cluster_constructs.instance_types import INSTANCE_TYPES, UnknownInstanceType
-from clusterctl import commands, plan_command, regional_commands
+from clusterctl import commands, plan_command, regional_commands, top_view
 from clusterctl.aws import (
     EXIT_CODES_HELP,
     EXIT_FAILED,
@@ -128,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="clusterctl",
         description="Plan and operate the P5 training cluster: plan (memory, nodes, time, cost per instance "
         "type), quota and capacity (offerings and prices across regions), nodes, jobs (submit, status, logs, "
-        "cancel) and cost.",
+        "cancel), cost, and a live view (top).",
         epilog=EXIT_CODES_HELP,
     )
     _add_global_options(parser, suppress=False)
@@ -312,6 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--job", metavar="JOB", help="a submitted job: its nodes times the time since it started"
     )
     cost.set_defaults(handler=commands.cost)
+
+    top_view.add_parser(add)
     return parser
 
 

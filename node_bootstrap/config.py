@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 DEFAULT_CONFIG_PATH = "/etc/cluster/node-config.json"
-SCHEMA_VERSION = 3  # must match cluster_constructs/node_config.py
+SCHEMA_VERSION = 4  # must match cluster_constructs/node_config.py
 
 MIN_MONITOR_INTERVAL_SECONDS = 10  # a round runs nvidia-smi, fi_info and the aws CLI: seconds of work
 
@@ -65,6 +65,14 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    interval_seconds: int  # how often the agent and the EFA collector sample
+    namespace: str  # CloudWatch namespace of the EFA collector's EMF metrics
+    auto_scaling_group_name: str  # the group dimension the dashboard and alarms filter on (bootstrap section's)
+    efa_metrics_dir: str  # where the EFA collector writes its EMF files (the agent tails them)
+
+
+@dataclass(frozen=True)
 class TrainingConfig:
     bundle_dir: str  # the unpacked bundle: node_bootstrap/, training/, cluster_constructs/
     env_file: str  # KEY=value lines that jobs source
@@ -97,6 +105,8 @@ class NodeConfig:
     scratch: ScratchConfig
     lustre: LustreConfig
     logging: LoggingConfig
+    metrics: MetricsConfig
+    cloudwatch_agent: dict[str, Any]  # the agent's JSON configuration, written as rendered by the stack
     training: TrainingConfig
     bootstrap: BootstrapConfig
     monitor: MonitorConfig
@@ -128,6 +138,8 @@ def parse_node_config(data: Any) -> NodeConfig:
     scratch = r.section("scratch")
     lustre = r.section("lustre")
     logging_ = r.section("logging")
+    metrics = r.section("metrics")
+    agent = r.section("cloudwatchAgent")
     training = r.section("training")
     bootstrap = r.section("bootstrap")
     monitor = r.section("monitor")
@@ -158,6 +170,13 @@ def parse_node_config(data: Any) -> NodeConfig:
             efa_enabled=lustre.boolean("efaEnabled"),
         ),
         logging=LoggingConfig(log_group_name=logging_.string("logGroupName")),
+        metrics=MetricsConfig(
+            interval_seconds=metrics.integer("intervalSeconds", minimum=1, maximum=3600),
+            namespace=metrics.string("namespace"),
+            auto_scaling_group_name=bootstrap.string("autoScalingGroupName"),
+            efa_metrics_dir=metrics.abs_path("efaMetricsDir"),
+        ),
+        cloudwatch_agent=agent.raw(required=("logs",)),
         training=TrainingConfig(
             bundle_dir=training.abs_path("bundleDir"),
             env_file=training.abs_path("envFile"),
@@ -192,6 +211,12 @@ class _Reader:
 
     def section(self, key: str) -> _Reader:
         return _Reader(self._get(key, dict), self._prefix + key + ".")
+
+    def raw(self, *, required: tuple[str, ...] = ()) -> dict[str, Any]:
+        """The whole object as decoded JSON, after checking that `required` keys are present."""
+        for key in required:
+            self._get(key, dict)
+        return self._data
 
     def string(self, key: str) -> str:
         value = self._get(key, str)

@@ -75,8 +75,8 @@ def _operator_policy_suppressions(stack: Stack) -> None:
                 "ListCommandInvocations and ListCommands (any command in the account and Region), "
                 "autoscaling:DescribeAutoScalingGroups, ec2:DescribeInstances, DescribeInstanceTypes, "
                 "DescribeCapacityReservations, DescribeCapacityBlockOfferings, DescribeSpotPriceHistory, "
-                "pricing:GetProducts (public price lists), servicequotas:GetServiceQuota and "
-                "GetAWSDefaultServiceQuota.",
+                "pricing:GetProducts (public price lists), servicequotas:GetServiceQuota, "
+                "GetAWSDefaultServiceQuota, cloudwatch:GetMetricData and ListMetrics.",
                 applies_to=["Resource::*"],
             ),
             NagPackSuppression(

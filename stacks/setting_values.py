@@ -144,6 +144,21 @@ def tags(key: str, value: Any) -> dict[str, str]:
     return tags
 
 
+def usd(key: str, value: Any) -> float | None:
+    """An amount in US dollars > 0; empty means "not set"."""
+    if value is None or (isinstance(value, str) and value.strip() == ""):
+        return None
+    if isinstance(value, bool):
+        raise invalid(key, value, "must be an amount in USD > 0, or empty for none")
+    try:
+        amount = float(value)
+    except (TypeError, ValueError):
+        raise invalid(key, value, "must be an amount in USD > 0, or empty for none") from None
+    if not 0 < amount < float("inf"):
+        raise invalid(key, value, "must be an amount in USD > 0, or empty for none")
+    return amount
+
+
 def int_or_raw(value: Any) -> Any:
     if isinstance(value, str) and value.strip().isdigit():
         return int(value)

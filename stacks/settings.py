@@ -33,6 +33,7 @@ from stacks.setting_values import (
     string,
     tags,
     timestamp,
+    usd,
 )
 
 
@@ -68,6 +69,13 @@ SETTING_KEYS = (
     "dataVersionRetentionDays",
     "logRetentionDays",
     "alarmEmail",
+    "metricsIntervalSeconds",
+    "idleGpuAlarm",
+    "idleGpuUtilizationPercent",
+    "stragglerAlarm",
+    "stragglerMarginPercent",
+    "efaErrorAlarm",
+    "budgetUsd",
     "bootstrapTimeoutMinutes",
     "protectedModeFailures",
     "protectedModeWindowMinutes",
@@ -78,6 +86,10 @@ SETTING_KEYS = (
 )
 
 FSX_THROUGHPUTS_MBPS_PER_TIB = (125, 250, 500, 1000)
+# How often the nodes sample GPU, EFA, CPU, memory and disk metrics. Below 60 s the CloudWatch agent publishes
+# high-resolution custom metrics, which cost more (CloudWatch pricing); above 300 s the 30-minute idle alarm
+# would judge on too few samples.
+METRICS_INTERVALS_SECONDS = (10, 30, 60, 120, 300)
 # FSx for Lustre's default PERSISTENT_2 storage quota per account and Region is 100,800 GiB, shared by all its
 # file systems (FSx for Lustre User Guide, "Service quotas"), and SageMaker HyperPod's FSxLustreConfig caps
 # SizeInGiB at the same figure. A larger value fails late, at deploy, after the network is built: raise the quota
@@ -155,6 +167,13 @@ class StorageSettings:
 class ObservabilitySettings:
     log_retention_days: int
     alarm_email: str | None
+    metrics_interval_seconds: int = 60  # node metrics (GPU, EFA, host) sampling interval
+    idle_gpu_alarm: bool = True  # alarm: mean GPU utilization below the threshold for 30 min, nodes in service
+    idle_gpu_utilization_percent: int = 10  # the idle alarm's threshold, percent
+    straggler_alarm: bool = True  # alarms: one GPU or rank behind the others for 15 minutes
+    straggler_margin_percent: int = 30  # how far behind: GPU utilization points, or % slower step time
+    efa_error_alarm: bool = True  # alarm: EFA error events on the nodes rising for 15 minutes
+    budget_usd: float | None = None  # alarm when the estimated cost exceeds it; None: no budget alarm
 
 
 @dataclass(frozen=True)
@@ -232,6 +251,19 @@ def load_settings(
             "logRetentionDays", int_or_raw(context("logRetentionDays")), LOG_RETENTION_DAYS
         ),
         alarm_email=email(context("alarmEmail")),
+        metrics_interval_seconds=choice(
+            "metricsIntervalSeconds", int_or_raw(context("metricsIntervalSeconds")), METRICS_INTERVALS_SECONDS
+        ),
+        idle_gpu_alarm=boolean("idleGpuAlarm", context("idleGpuAlarm")),
+        idle_gpu_utilization_percent=integer(
+            "idleGpuUtilizationPercent", context("idleGpuUtilizationPercent"), minimum=1, maximum=99
+        ),
+        straggler_alarm=boolean("stragglerAlarm", context("stragglerAlarm")),
+        straggler_margin_percent=integer(
+            "stragglerMarginPercent", context("stragglerMarginPercent"), minimum=1, maximum=99
+        ),
+        efa_error_alarm=boolean("efaErrorAlarm", context("efaErrorAlarm")),
+        budget_usd=usd("budgetUsd", context("budgetUsd")),
     )
     if storage.fsx_efa_enabled and not compute.instance_type.fsx_efa_client:
         clients = ", ".join(sorted(t.name for t in INSTANCE_TYPES.values() if t.fsx_efa_client))

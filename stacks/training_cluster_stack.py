@@ -1,7 +1,8 @@
 """TrainingClusterStack: wires the cluster's constructs together; every decision lives in a construct.
 
 Build order: observability (log group, alarm topic) -> network -> capacity -> storage -> the node bundle and
-user-data -> nodes -> jobs document -> alarms -> outputs -> cdk-nag suppressions and checkov exceptions.
+user-data -> nodes -> jobs document -> alarms -> dashboard -> outputs -> cdk-nag suppressions and checkov
+exceptions.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from constructs import Construct
 from cluster_constructs.bundle import REPO_ROOT, stage_bundle
 from cluster_constructs.capacity import CapacityTarget
 from cluster_constructs.compute import NodeGroup
+from cluster_constructs.dashboard import ClusterDashboard
 from cluster_constructs.jobs import JobRunner
 from cluster_constructs.network import ClusterNetwork
 from cluster_constructs.node_config import BUNDLE_DIR, render_node_config
@@ -80,6 +82,7 @@ class TrainingClusterStack(Stack):
             region=settings.region,
             compute=compute,
             storage=settings.storage,
+            observability=settings.observability,
             file_system_dns_name=storage.dns_name,
             file_system_mount_name=storage.mount_name,
             log_group_name=observability.log_group.log_group_name,
@@ -145,6 +148,24 @@ class TrainingClusterStack(Stack):
         observability.add_file_system_alarm(
             file_system_id=storage.file_system.ref, storage_capacity_gib=settings.storage.fsx_storage_gib
         )
+        observability.add_metric_alarms(
+            auto_scaling_group_name=group_name,
+            cluster_name=construct_id,
+            usd_per_node_hour=compute.instance_type.on_demand_usd_per_hour,
+        )
+        dashboard = ClusterDashboard(
+            self,
+            "Dashboard",
+            # dashboards are global to the account, not regional: the region keeps two clusters apart
+            dashboard_name=f"{construct_id}-{settings.region}",
+            cluster_name=construct_id,
+            auto_scaling_group_name=group_name,
+            file_system_id=storage.file_system.ref,
+            instance_type=compute.instance_type,
+            interval_seconds=settings.observability.metrics_interval_seconds,
+            log_group_name=observability.log_group.log_group_name,
+        )
+        dashboard.add_alarms(observability.alarms)
 
         outputs = {
             "DataBucketName": storage.data_bucket.bucket_name,
@@ -162,6 +183,9 @@ class TrainingClusterStack(Stack):
             "JobDocumentName": jobs.document_name,
             "OperatorPolicyArn": jobs.operator_policy.managed_policy_arn,
             "AlarmTopicArn": observability.alarm_topic.topic_arn,
+            "DashboardName": dashboard.dashboard_name,
+            "DashboardUrl": dashboard.url,
+            "MetricsIntervalSeconds": str(settings.observability.metrics_interval_seconds),
             "InstanceType": compute.instance_type.name,
             "NodeCount": str(compute.node_count),
             "CapacityMode": capacity_settings.mode.value,

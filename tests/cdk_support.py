@@ -81,6 +81,8 @@ STACK_VARIANTS: dict[str, dict[str, str]] = {
         "availabilityZone": "us-east-1d",
         "reservationStartDate": "2027-01-05T11:30:00Z",
         "reservationEndDate": "2027-01-12T11:30:00Z",
+        "budgetUsd": "250000",
+        "metricsIntervalSeconds": "30",
     },
     "p4d-isolated": {
         "instanceType": "p4d.24xlarge",
@@ -90,7 +92,8 @@ STACK_VARIANTS: dict[str, dict[str, str]] = {
         "region": "us-west-2",
         "availabilityZone": "us-west-2b",
     },
-    "p6-b200-efa-fsx": {"instanceType": "p6-b200.48xlarge", "nodeCount": "1", "fsxEfaEnabled": "true"},
+    "p6-b200-efa-fsx": {"instanceType": "p6-b200.48xlarge", "nodeCount": "1", "fsxEfaEnabled": "true",
+                        "idleGpuAlarm": "false", "stragglerAlarm": "false", "efaErrorAlarm": "false"},
 }
 
 

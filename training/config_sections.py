@@ -10,7 +10,9 @@ trainer's own code (training.config.load_config) on a machine without torch, bef
 from __future__ import annotations
 
 import math
+import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 from training.errors import ConfigError
@@ -24,8 +26,10 @@ TE_RECIPES = ("delayed", "current")
 # [parallel]: the dtypes FSDP2's MixedPrecisionPolicy may use (training.parallelize maps them to torch dtypes)
 DTYPE_NAMES = ("bfloat16", "float32")
 DEFAULT_INIT_TIMEOUT_S = 600  # [parallel] process-group timeout until the first step: torch's own NCCL default
-# [metrics]: one CloudWatch dimension, Name=Value
+# [metrics]: one CloudWatch dimension, Name=Value; when to write EMF step records
 _DIMENSION = re.compile(r"^[^=,]+=[^=,]+$")
+EMF_MODES = ("auto", "on", "off")
+JOB_ID_ENV = "CLUSTER_JOB_ID"  # set by node_bootstrap.jobs' supervisor for every job
 
 
 def _is_int(value: object) -> bool:
@@ -276,8 +280,13 @@ class MetricsConfig:
     cloudwatch_dimensions: str = ""  # "Name=Value,Name=Value" added to every metric, e.g. "Job=llama-1b"
     cloudwatch_region: str = ""  # AWS region for CloudWatch; "" = the default boto3 chain (AWS_REGION, ...)
     cloudwatch_flush_steps: int = 10  # logged steps buffered per PutMetricData call (fewer API calls)
+    # "auto": a CloudWatch EMF line per logged step on rank 0's stderr when running as a cluster job
+    # (CLUSTER_JOB_ID set by the job supervisor); "on" / "off" force it. Namespace: cloudwatch_namespace.
+    emf: str = "auto"
 
     def validate(self) -> None:
+        if self.emf not in EMF_MODES:
+            raise ConfigError(f"metrics.emf={self.emf!r}: allowed: {', '.join(EMF_MODES)}")
         if not self.cloudwatch_namespace or self.cloudwatch_namespace.startswith("AWS/"):
             raise ConfigError(
                 f"metrics.cloudwatch_namespace={self.cloudwatch_namespace!r}: allowed: a non-empty name "
@@ -294,6 +303,10 @@ class MetricsConfig:
             raise ConfigError(
                 f"metrics.cloudwatch_flush_steps={self.cloudwatch_flush_steps!r}: allowed: an integer 1..100"
             )
+
+    def emf_enabled(self, environ: Mapping[str, str] | None = None) -> bool:
+        environ = os.environ if environ is None else environ
+        return self.emf == "on" or (self.emf == "auto" and bool(environ.get(JOB_ID_ENV)))
 
     def dimensions(self) -> list[dict[str, str]]:
         """The configured dimensions in PutMetricData's shape."""

@@ -1,9 +1,15 @@
-"""Per-step metrics: a JSON line on rank 0's stdout, a progress line on its stderr, optional CloudWatch.
+"""Per-step metrics: a JSON line on rank 0's stdout, a progress line and a CloudWatch EMF line on its stderr.
 
 The JSON line is the trainer's progress contract with the jobs launcher (docs/architecture.md, "Jobs"):
 ``{"event": "step", "step": N, "loss": L, ...}``; N counts completed optimizer steps (1-based). Local rank 0
 of every other node prints a short ``{"event": "step", "step": N, "rank": R}`` at the same steps, so the job
 supervisor on each node sees progress in its own node's log (its hang detection reads these lines).
+
+On the cluster, rank 0 also writes the step record in CloudWatch Embedded Metric Format (EMF) to stderr: the
+job log, which the CloudWatch agent already ships, so CloudWatch Logs turns it into metrics with no API call
+from the training loop (CloudWatch User Guide, "Specification: Embedded metric format"; the agent marks a
+stream as EMF when a line is a JSON object with "CloudWatchMetrics"). Dimensions: {Cluster, JobId}, from the
+job environment (CLUSTER_STACK_NAME, CLUSTER_JOB_ID), and {Cluster} for the metrics the stack's alarms watch.
 
 Step times are averaged over the steps since the last logged step on each rank (after a device synchronize)
 and all-gathered, so a straggler shows up as ``step_time_s_max`` with ``slowest_rank`` naming it. Throughput
@@ -15,9 +21,12 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import resource
+import statistics
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -26,10 +35,11 @@ from typing import Any, TextIO
 import torch
 import torch.distributed as dist
 
-from training.config_sections import MetricsConfig
+from training.config_sections import JOB_ID_ENV, MetricsConfig
 
 log = logging.getLogger(__name__)
 
+CLUSTER_ENV = "CLUSTER_STACK_NAME"  # from the training environment file (node_bootstrap/training_env.py)
 
 
 @dataclass(frozen=True)
@@ -40,6 +50,11 @@ class ThroughputModel:
     world_size: int  # ranks sharing those tokens (GPUs)
     flops_per_token: float  # model training FLOPs per token (training.model.flops_per_token)
     peak_tflops_per_gpu: float | None  # dense BF16 peak of one GPU (training.hardware); None on CPU
+
+
+def median_step_time(step_times_s: list[float]) -> float:
+    """The median rank's step time: what the slowest rank is compared against."""
+    return float(statistics.median(step_times_s))
 
 
 def summarize_ranks(step_times_s: list[float]) -> dict[str, Any]:
@@ -152,6 +167,52 @@ class CloudWatchPublisher:
             log.warning("CloudWatch PutMetricData failed (%s); training continues", exc)
 
 
+# EMF: metric name, how to get it from the step record (and the extras below), unit. Names are what
+# cluster_constructs/cluster_metrics.py (the dashboard, the alarms, clusterctl top) reads.
+_EMF_METRICS = (
+    ("Step", lambda r: r["step"], "Count"),
+    ("RunSteps", lambda r: r["run_steps"], "Count"),
+    ("EtaSeconds", lambda r: (r["run_steps"] - r["step"]) * r["step_time_s_max"], "Seconds"),
+    ("Loss", lambda r: r["loss"], "None"),
+    ("LearningRate", lambda r: r["lr"], "None"),
+    ("GradNorm", lambda r: r["grad_norm"], "None"),
+    ("TokensPerSecond", lambda r: r["tokens_per_s"], "Count/Second"),
+    ("TFLOPSPerGPU", lambda r: r["tflops"], "None"),
+    ("MFU", lambda r: None if r["mfu"] is None else 100.0 * r["mfu"], "Percent"),
+    ("StepTimeMax", lambda r: r["step_time_s_max"], "Seconds"),
+    ("StepTimeMedian", lambda r: r["step_time_s_median"], "Seconds"),
+    ("StepTimeMin", lambda r: r["step_time_s_min"], "Seconds"),
+    ("StragglerRatio", lambda r: r["step_time_s_max"] / r["step_time_s_median"]
+     if r["step_time_s_median"] > 0 else None, "None"),
+    ("SlowestRank", lambda r: r["slowest_rank"], "None"),
+    ("PeakMemoryGiB", lambda r: r["mem_gib"], "None"),  # GiB; CloudWatch's "Gigabytes" does not say 2**30
+)
+# Also published per cluster, whatever the job: alarms need fixed dimensions, and one job runs at a time.
+_EMF_CLUSTER_METRICS = ("TokensPerSecond", "MFU", "StragglerRatio")
+
+
+def build_emf_record(record: dict[str, Any], *, namespace: str, cluster: str, job_id: str,
+                     timestamp_ms: int) -> dict[str, Any]:
+    """The EMF document for one step record. ``record`` is the JSON step record plus ``run_steps`` and
+    ``step_time_s_median``. Non-finite values (a diverged loss) and absent ones (MFU on a CPU) are left out:
+    an EMF metric value must be a number."""
+    values: dict[str, float] = {}
+    units: dict[str, str] = {}
+    for name, get, unit in _EMF_METRICS:
+        value = get(record)
+        if value is None or isinstance(value, bool) or not math.isfinite(value):
+            continue
+        values[name], units[name] = float(value), unit
+    directives = [{"Namespace": namespace, "Dimensions": [["Cluster", "JobId"]],
+                   "Metrics": [{"Name": n, "Unit": units[n]} for n in values]}]
+    cluster_metrics = [n for n in _EMF_CLUSTER_METRICS if n in values]
+    if cluster_metrics:
+        directives.append({"Namespace": namespace, "Dimensions": [["Cluster"]],
+                           "Metrics": [{"Name": n, "Unit": units[n]} for n in cluster_metrics]})
+    return {"_aws": {"Timestamp": timestamp_ms, "CloudWatchMetrics": directives},
+            "Cluster": cluster, "JobId": job_id, **values}
+
+
 class MetricsLogger:
     """Collects per-rank step timings and, on rank 0, writes the step record. ``log_step`` is collective."""
 
@@ -170,6 +231,9 @@ class MetricsLogger:
         self.cloudwatch = cloudwatch
         if cloudwatch is None and cfg.cloudwatch and rank == 0:
             self.cloudwatch = CloudWatchPublisher(cfg)
+        self.emf = cfg.emf_enabled() and rank == 0
+        self.emf_cluster = os.environ.get(CLUSTER_ENV) or "local"
+        self.emf_job_id = os.environ.get(JOB_ID_ENV) or "local"
 
     def log_step(self, *, step: int, total_steps: int, loss: torch.Tensor, lr: float, grad_norm: torch.Tensor,
                  step_time_s: float) -> dict[str, Any] | None:
@@ -197,7 +261,16 @@ class MetricsLogger:
         record["mem_gib"] = peak_memory_gib(self.device)
         record.update(self.gpu.sample())
         self._emit(record, total_steps)
+        if self.emf:
+            self._emit_emf({**record, "run_steps": total_steps, "step_time_s_median": median_step_time(times)})
         return record
+
+    def _emit_emf(self, record: dict[str, Any]) -> None:
+        document = build_emf_record(record, namespace=self.cfg.cloudwatch_namespace, cluster=self.emf_cluster,
+                                    job_id=self.emf_job_id, timestamp_ms=int(time.time() * 1000))
+        # one line, one write: the JSON object alone on its line, as EMF requires
+        self.stderr.write(json.dumps(document, allow_nan=False, separators=(",", ":")) + "\n")
+        self.stderr.flush()
 
     def _emit(self, record: dict[str, Any], total_steps: int) -> None:
         if self.cfg.json_lines:

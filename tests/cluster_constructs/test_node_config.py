@@ -19,6 +19,7 @@ def _rendered(**overrides) -> dict:
         region=settings.region,
         compute=settings.compute,
         storage=settings.storage,
+        observability=settings.observability,
         file_system_dns_name="fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com",
         file_system_mount_name="abcdefgh",
         log_group_name="/training-cluster/TrainingClusterStack",

@@ -121,3 +121,81 @@ def test_node_health_alarm_fires_on_a_node_the_monitor_found_unhealthy(template)
 def test_every_allowed_retention_maps_to_the_cdk_enum():
     for days in LOG_RETENTION_DAYS:
         assert retention_days(days) is not None
+
+
+# ----- the alarms on the nodes' and the trainer's metrics ------------------------------------------------
+def metric_alarms(**overrides) -> dict[str, dict]:
+    stack = bare_stack()
+    observability = ClusterObservability(
+        stack, "Obs", settings=build_settings(**overrides).observability, log_group_name="/training-cluster/Test"
+    )
+    observability.add_metric_alarms(auto_scaling_group_name="Test-nodes", cluster_name="Test",
+                                    usd_per_node_hour=55.04)
+    template = Template.from_stack(stack)
+    alarms = template.find_resources("AWS::CloudWatch::Alarm")
+    return {logical_id.removeprefix("Obs").rstrip("0123456789ABCDEF"): a["Properties"]
+            for logical_id, a in alarms.items()}
+
+
+def _metric_stats(alarm: dict) -> dict[str, dict]:
+    return {m["Id"]: m["MetricStat"] for m in alarm["Metrics"] if "MetricStat" in m}
+
+
+def test_default_alarms_idle_stragglers_efa_and_no_budget():
+    alarms = metric_alarms()
+    assert set(alarms) == {"IdleGpuAlarm", "StragglerStepTimeAlarm", "StragglerGpuAlarm", "EfaErrorsAlarm"}
+    for alarm in alarms.values():
+        (action,) = alarm["AlarmActions"]
+        assert action["Ref"].startswith("ObsAlarmTopic")
+        assert alarm["TreatMissingData"] == "notBreaching"
+
+
+def test_idle_gpu_alarm_is_30_minutes_below_the_threshold_while_nodes_are_in_service():
+    idle = metric_alarms(idleGpuUtilizationPercent="25")["IdleGpuAlarm"]
+    assert (idle["Threshold"], idle["ComparisonOperator"]) == (25, "LessThanThreshold")
+    assert idle["EvaluationPeriods"] == idle["DatapointsToAlarm"] == 6
+    (expression,) = [m["Expression"] for m in idle["Metrics"] if "Expression" in m]
+    assert expression == "IF(nodes >= 1, FILL(gpu, 0), 100)"
+    stats = _metric_stats(idle)
+    assert stats["gpu"]["Metric"]["MetricName"] == "nvidia_smi_utilization_gpu"
+    assert stats["gpu"]["Metric"]["Dimensions"] == [{"Name": "AutoScalingGroupName", "Value": "Test-nodes"}]
+    assert stats["nodes"]["Metric"]["MetricName"] == "GroupInServiceInstances"
+    assert {s["Period"] for s in stats.values()} == {300}  # 6 x 5 minutes = 30 minutes
+
+
+def test_straggler_alarms_use_the_margin():
+    alarms = metric_alarms(stragglerMarginPercent="20")
+    step = alarms["StragglerStepTimeAlarm"]
+    assert (step["MetricName"], step["Namespace"], step["Statistic"]) == ("StragglerRatio", "TrainingCluster",
+                                                                         "Maximum")
+    assert step["Dimensions"] == [{"Name": "Cluster", "Value": "Test"}]
+    assert step["Threshold"] == pytest.approx(1.2) and step["EvaluationPeriods"] == 3 and step["Period"] == 300
+    gpu = alarms["StragglerGpuAlarm"]
+    assert gpu["Threshold"] == 20 and gpu["EvaluationPeriods"] == 3
+    (expression,) = [m["Expression"] for m in gpu["Metrics"] if "Expression" in m]
+    assert expression == "IF(mean >= 10, mean - lowest, 0)"
+    assert {k: s["Stat"] for k, s in _metric_stats(gpu).items()} == {"mean": "Average", "lowest": "Minimum"}
+
+
+def test_efa_error_alarm_sums_error_events_of_the_cluster():
+    efa = metric_alarms()["EfaErrorsAlarm"]
+    assert (efa["MetricName"], efa["Statistic"], efa["Threshold"]) == ("EfaErrorEvents", "Sum", 0)
+    assert efa["Dimensions"] == [{"Name": "AutoScalingGroupName", "Value": "Test-nodes"}]
+    assert efa["EvaluationPeriods"] == efa["DatapointsToAlarm"] == 3
+
+
+def test_budget_alarm_is_node_minutes_times_the_catalog_price_over_seven_days():
+    budget = metric_alarms(budgetUsd="100000")["BudgetAlarm"]
+    assert (budget["Threshold"], budget["ComparisonOperator"]) == (100000, "GreaterThanThreshold")
+    (expression,) = [m["Expression"] for m in budget["Metrics"] if "Expression" in m]
+    assert expression == "node_minutes / 60 * 55.04"
+    stat = _metric_stats(budget)["node_minutes"]
+    assert (stat["Metric"]["MetricName"], stat["Stat"], stat["Period"]) == ("GroupInServiceInstances", "Sum",
+                                                                           7 * 24 * 3600)
+    # PutMetricAlarm: Period x EvaluationPeriods <= 604,800 s
+    assert budget["EvaluationPeriods"] * stat["Period"] <= 604_800
+
+
+def test_every_metric_alarm_can_be_turned_off():
+    alarms = metric_alarms(idleGpuAlarm="false", stragglerAlarm="false", efaErrorAlarm="false")
+    assert alarms == {}

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from cluster_constructs.cloudwatch_agent import EFA_METRICS_DIR, render_agent_config
 from node_bootstrap.config import parse_node_config
 from node_bootstrap.host import Host
 from node_bootstrap.imds import InstanceIdentity
@@ -35,8 +36,9 @@ def fixture_text(name: str) -> str:
 
 def node_config_dict(**overrides) -> dict:
     """The node config the stack renders for p5.48xlarge (docs/architecture.md section 2)."""
+    log_group = "/training-cluster/TrainingClusterStack"
     config = {
-        "schemaVersion": 3,
+        "schemaVersion": 4,
         "stackName": "TrainingClusterStack",
         "region": REGION,
         "instanceType": "p5.48xlarge",
@@ -45,7 +47,10 @@ def node_config_dict(**overrides) -> dict:
         "scratch": {"mountPoint": "/scratch", "dlamiMountPoint": "/opt/dlami/nvme"},
         "lustre": {"dnsName": "fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com", "mountName": "abcdefgh",
                    "mountPoint": "/fsx", "efaEnabled": False},
-        "logging": {"logGroupName": "/training-cluster/TrainingClusterStack"},
+        "logging": {"logGroupName": log_group},
+        "metrics": {"intervalSeconds": 60, "namespace": "TrainingCluster", "efaMetricsDir": EFA_METRICS_DIR},
+        "cloudwatchAgent": render_agent_config(log_group_name=log_group, interval_seconds=60,
+                                               disk_mount_points=("/", "/scratch", "/opt/dlami/nvme", "/fsx")),
         "training": {"bundleDir": "/opt/cluster/bundle", "envFile": "/etc/cluster/training.env",
                      "python": "/opt/pytorch/bin/python", "jobsDir": "/var/lib/cluster/jobs",
                      "jobLogDir": "/var/log/cluster/jobs", "checkpointRoot": "/fsx/checkpoints",
@@ -291,13 +296,16 @@ class FakeNode:
             return (0 if state == "active" else 3), state + "\n"
         if verb == "is-enabled":
             return (0, "enabled\n") if argv[-1] in self.enabled_units else (1, "disabled\n")
-        if verb in ("enable", "disable") and argv[2] == "--now":
+        if verb in ("restart", "enable", "disable"):  # units node_bootstrap writes (monitor, EFA collector)
+            unit = argv[-1]
+            if verb != "disable" and not Path(self.path(f"/etc/systemd/system/{unit}")).exists():
+                return 5, "", f"Failed to {verb} {unit}: Unit {unit} not found.\n"
             if verb == "enable":
-                self.enabled_units.add(argv[3])
-                self.units[argv[3]] = "active"
-            else:
-                self.enabled_units.discard(argv[3])
-                self.units[argv[3]] = "inactive"
+                self.enabled_units.add(unit)
+            elif verb == "disable":
+                self.enabled_units.discard(unit)
+            if "--now" in argv or verb == "restart":
+                self.units[unit] = "inactive" if verb == "disable" else "active"
             return 0, ""
         raise AssertionError(f"unexpected systemctl call {argv}")
 

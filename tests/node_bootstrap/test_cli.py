@@ -83,7 +83,7 @@ def test_skip_signal_leaves_tags_alone_and_exits_1_on_failure(fake_node, kit):
 def test_only_runs_the_named_steps(fake_node, kit):
     assert run_main(fake_node, kit, "run", "--only", "training", "--only", "logging") == 0
     tools = {c.argv[0].rsplit("/", 1)[-1] for c in fake_node.runner.calls}
-    assert tools == {"amazon-cloudwatch-agent-ctl", "python"}
+    assert tools == {"amazon-cloudwatch-agent-ctl", "systemctl", "python"}
     assert (fake_node.root / "etc/cluster/training.env").exists()
 
 

@@ -18,6 +18,8 @@ def test_the_documented_example_loads(kit, tmp_path):
     assert config.expected.efa_interface_count == 32 and config.expected.gpu_memory_gib == 80
     assert config.lustre.source == "fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com@tcp:/abcdefgh"
     assert config.training.rendezvous_port == 29400
+    assert config.metrics.interval_seconds == 60 and config.metrics.namespace == "TrainingCluster"
+    assert config.cloudwatch_agent["metrics"]["metrics_collected"]["nvidia_gpu"]
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.region = "eu-west-1"
 
@@ -33,8 +35,11 @@ def test_the_documented_example_loads(kit, tmp_path):
     (lambda c: c["scratch"].update(mountPoint="scratch"),
      "scratch.mountPoint='scratch' must be an absolute path"),
     (lambda c: c.update(region=""), "region must be a non-empty string"),
-    (lambda c: c.update(schemaVersion=1),
-     "schemaVersion=1 is not supported by this node_bootstrap; allowed: 3"),
+    (lambda c: c.update(schemaVersion=3),
+     "schemaVersion=3 is not supported by this node_bootstrap; allowed: 4"),
+    (lambda c: c["metrics"].update(intervalSeconds=0),
+     "metrics.intervalSeconds=0 is out of range; allowed: an integer from 1 to 3600"),
+    (lambda c: c["cloudwatchAgent"].pop("logs"), "missing key cloudwatchAgent.logs in the node config"),
     (lambda c: c.update(training=[]), "training=[] has the wrong type; allowed: a JSON object"),
     (lambda c: c["training"].update(rendezvousPort=70000), "training.rendezvousPort=70000 is out of range"),
     (lambda c: c["expected"].update(nvmeDeviceCount=True),

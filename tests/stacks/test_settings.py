@@ -54,6 +54,17 @@ def test_command_line_strings_are_typed():
     assert settings.tags == {"team": "ml", "cost-center": "42"}
 
 
+def test_observability_defaults_and_overrides():
+    defaults = build_settings().observability
+    assert defaults.metrics_interval_seconds == 60 and defaults.idle_gpu_utilization_percent == 10
+    assert defaults.idle_gpu_alarm and defaults.straggler_alarm and defaults.efa_error_alarm
+    assert defaults.straggler_margin_percent == 30 and defaults.budget_usd is None
+    custom = build_settings(metricsIntervalSeconds="30", idleGpuAlarm="false", budgetUsd="12500.50",
+                            stragglerMarginPercent="15").observability
+    assert custom.metrics_interval_seconds == 30 and custom.idle_gpu_alarm is False
+    assert custom.budget_usd == 12500.5 and custom.straggler_margin_percent == 15
+
+
 def test_tags_as_json_from_command_line():
     assert build_settings(tags='{"team": "ml"}').tags == {"team": "ml"}
 
@@ -150,6 +161,14 @@ BAD_SETTINGS = [
     ),
     ({"logRetentionDays": "10"}, "logRetentionDays=10: allowed: 1, 3, 5, 7, 14, 30"),
     ({"tags": "team"}, "tags='team': must be a JSON object or k=v,k2=v2"),
+    ({"metricsIntervalSeconds": "45"}, "metricsIntervalSeconds=45: allowed: 10, 30, 60, 120, 300"),
+    ({"idleGpuUtilizationPercent": "0"}, "idleGpuUtilizationPercent=0: must be an integer >= 1 and <= 99"),
+    ({"idleGpuAlarm": "sometimes"}, "idleGpuAlarm='sometimes': allowed: true, false"),
+    ({"stragglerMarginPercent": "100"}, "stragglerMarginPercent=100: must be an integer >= 1 and <= 99"),
+    ({"efaErrorAlarm": "1x"}, "efaErrorAlarm='1x': allowed: true, false"),
+    ({"budgetUsd": "-5"}, "budgetUsd='-5': must be an amount in USD > 0, or empty for none"),
+    ({"budgetUsd": "lots"}, "budgetUsd='lots': must be an amount in USD > 0, or empty for none"),
+    ({"budgetUsd": "nan"}, "budgetUsd='nan': must be an amount in USD > 0, or empty for none"),
     (
         {"healthCheckIntervalSeconds": "5"},
         "healthCheckIntervalSeconds=5: allowed: 0 (the monitor is off) or 10 to 3600",

@@ -1,0 +1,168 @@
+"""`clusterctl top` on the terminal: a rich table of the nodes and a panel for the running job, redrawn in
+place (rich.live) every --interval seconds, or printed once (--once, --json) for scripts."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import TYPE_CHECKING
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from clusterctl.render import format_time, format_usd, to_json
+from clusterctl.stack import read_stack_outputs
+from clusterctl.top import ClusterView, JobView, NodeView, collect
+
+if TYPE_CHECKING:
+    from clusterctl.cli import Runtime
+
+DEFAULT_INTERVAL_S = 15.0
+IDLE_GPU_PCT = 10.0  # below this a GPU is idle (the stack's idleGpuUtilizationPercent default)
+HOT_GPU_C = 85.0  # H100/H200 slow down near 87-90 C (NVIDIA data center GPU datasheets: max operating temp)
+PLAIN_WIDTH = 132  # the table's width when the output is not a terminal (a pipe, a file, a test)
+
+
+def _num(value: float | None, fmt: str = "{:.0f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _gpu_cell(pct: float | None) -> Text:
+    if pct is None:
+        return Text("-", style="dim")
+    style = "bold red" if pct < IDLE_GPU_PCT else "yellow" if pct < 50 else "green"
+    return Text(f"{pct:.0f}%", style=style)
+
+
+def _memory_cell(node: NodeView) -> str:
+    if node.gpu_memory_used_mib is None:
+        return "-"
+    used = f"{node.gpu_memory_used_mib / 1024:.1f}"
+    if node.gpu_memory_total_mib:
+        return f"{used}/{node.gpu_memory_total_mib / 1024:.0f} GiB"
+    return f"{used} GiB"
+
+
+def _temperature_cell(celsius: float | None) -> Text:
+    if celsius is None:
+        return Text("-", style="dim")
+    return Text(f"{celsius:.0f} C", style="bold red" if celsius >= HOT_GPU_C else "")
+
+
+def _errors_cell(count: float | None) -> Text:
+    if count is None:
+        return Text("-", style="dim")
+    return Text(f"{count:.0f}", style="bold red" if count > 0 else "")
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    minutes = int(round(seconds / 60))
+    return f"{minutes // 60}h{minutes % 60:02d}m"
+
+
+def nodes_table(view: ClusterView) -> Table:
+    table = Table(title=f"Nodes ({len(view.nodes)} of {view.node_count})", title_justify="left", expand=False,
+                  caption="GPU: mean utilization of the node's GPUs; MEM and POWER: per GPU; TEMP: hottest GPU; "
+                  "EFA: all devices, Gbit/s; ERR: EFA error events", caption_justify="left")
+    table.add_column("NODE", no_wrap=True, min_width=19)
+    table.add_column("STATE", no_wrap=True)
+    for header in ("GPU", "MEM", "TEMP", "POWER", "EFA TX", "EFA RX", "ERR"):
+        table.add_column(header, justify="right", no_wrap=True)
+    for node in view.nodes:
+        state = node.lifecycle if node.bootstrap in (None, "ready") else f"{node.lifecycle}/{node.bootstrap}"
+        table.add_row(node.instance_id, state, _gpu_cell(node.gpu_utilization_pct), _memory_cell(node),
+                      _temperature_cell(node.gpu_temperature_c), _num(node.gpu_power_w, "{:.0f} W"),
+                      _num(node.efa_tx_gbps, "{:.1f}"), _num(node.efa_rx_gbps, "{:.1f}"),
+                      _errors_cell(node.efa_error_events))
+    return table
+
+
+def job_panel(job: JobView | None) -> Panel:
+    if job is None:
+        return Panel(Text("no job has reported a step in the last 3 hours", style="dim"), title="Job",
+                     title_align="left")
+    steps = f"{_num(job.step)}/{_num(job.run_steps)}"
+    if job.step is not None and job.run_steps:
+        steps += f" ({100 * job.step / job.run_steps:.0f}%)"
+    straggler = "-"
+    if job.straggler_ratio is not None:
+        straggler = f"x{job.straggler_ratio:.2f} (rank {_num(job.slowest_rank)})"
+    lines = [
+        f"step {steps}   loss {_num(job.loss, '{:.4f}')}   ETA {_duration(job.eta_s)}",
+        f"tokens/s {_num(job.tokens_per_s, '{:,.0f}')}   MFU {_num(job.mfu_pct, '{:.1f}%')}   "
+        f"step time {_num(job.step_time_max_s, '{:.3f}')} s (median rank {_num(job.step_time_median_s, '{:.3f}')}"
+        f" s)   slowest/median {straggler}",
+        f"last record {format_time(job.updated_at) or '-'}",
+    ]
+    return Panel(Text("\n".join(lines)), title=f"Job {job.job_id}", title_align="left")
+
+
+def render(view: ClusterView) -> RenderableType:
+    in_service = sum(1 for n in view.nodes if n.lifecycle == "InService")
+    cost = "-" if view.cost_usd is None else format_usd(view.cost_usd)
+    since = f" since {format_time(view.group_created_at)}" if view.group_created_at else ""
+    header = Text.assemble(
+        (view.stack_name, "bold"),
+        f"   {in_service}/{view.node_count} x {view.instance_type} in service   as of "
+        f"{format_time(view.collected_at)}\n",
+        ("cost so far ", ""), (f"~{cost}", "bold"),
+        f"{since} (nodes in service x {format_usd(view.usd_per_node_hour)}/h On-Demand: an estimate)",
+    )
+    parts: list[RenderableType] = [header, nodes_table(view), job_panel(view.job)]
+    parts += [Text(note, style="yellow") for note in view.notes]
+    return Group(*parts)
+
+
+def make_console(runtime: Runtime) -> Console:
+    terminal = hasattr(runtime.out, "isatty") and runtime.out.isatty()
+    return Console(file=runtime.out, width=None if terminal else PLAIN_WIDTH, force_terminal=terminal or None)
+
+
+def top(args: argparse.Namespace, runtime: Runtime) -> int:
+    context = runtime.context
+    assert context is not None
+    outputs = read_stack_outputs(context.client("cloudformation"), args.stack, context.region)
+    view = collect(context.client, outputs, runtime.now())
+    if args.json:
+        print(to_json(dataclasses.asdict(view)), file=runtime.out, flush=True)
+        return 0
+    console = make_console(runtime)
+    if args.once:
+        console.print(render(view))
+        return 0
+    try:
+        with Live(render(view), console=console, auto_refresh=False, transient=False) as live:
+            while True:
+                runtime.sleep(args.interval)
+                live.update(render(collect(context.client, outputs, runtime.now())), refresh=True)
+    except KeyboardInterrupt:  # Ctrl-C is how a live view ends
+        return 0
+
+
+def interval(text: str) -> float:
+    value = float(text)
+    if not 1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"{text}: allowed: 1 to 3600 seconds")
+    return value
+
+
+def add_parser(add) -> None:
+    """Register `top` with cli.build_parser's `add` helper."""
+    parser = add(
+        "top",
+        "A live view of the cluster from CloudWatch: per node GPU utilization, memory, temperature, power and "
+        "EFA throughput; the running job's step, loss, tokens/s, MFU and ETA; the estimated cost so far.",
+        epilog="Data comes from the nodes' CloudWatch agent and EMF metrics (docs/observability.md), at the "
+        "stack's metrics interval (output MetricsIntervalSeconds): a refresh faster than that only repeats. "
+        "Each refresh is a few GetMetricData calls, billed per metric asked for.",
+    )
+    parser.add_argument("--once", action="store_true", help="print one snapshot and exit (for scripts)")
+    parser.add_argument("--interval", type=interval, default=DEFAULT_INTERVAL_S, metavar="SECONDS",
+                        help="seconds between refreshes (default %(default)s)")
+    parser.set_defaults(handler=top)
+
