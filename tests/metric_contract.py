@@ -100,12 +100,18 @@ def emf_published(lines: Iterable[str]) -> set[Metric]:
 
 
 def cli_published(argvs: Iterable[tuple[str, ...]]) -> set[Metric]:
-    """Metrics put with `aws cloudwatch put-metric-data --namespace N --metric-name M --dimensions K=V,...`."""
+    """Metrics put with `aws cloudwatch put-metric-data --namespace N`, either `--metric-name M --dimensions
+    K=V,...` or `--metric-data JSON` (a list of MetricDatum)."""
     found: set[Metric] = set()
     for argv in argvs:
         if tuple(argv[:3]) != ("aws", "cloudwatch", "put-metric-data"):
             continue
         option = {argv[i]: argv[i + 1] for i in range(3, len(argv) - 1) if argv[i].startswith("--")}
+        if "--metric-data" in option:
+            for datum in json.loads(option["--metric-data"]):
+                dims = frozenset(d["Name"] for d in datum.get("Dimensions", []))
+                found.add((option["--namespace"], datum["MetricName"], dims))
+            continue
         dims = frozenset(pair.split("=", 1)[0] for pair in option.get("--dimensions", "").split(",") if pair)
         found.add((option["--namespace"], option["--metric-name"], dims))
     return found

@@ -96,10 +96,32 @@ def protection_argvs() -> list[tuple[str, ...]]:
     return recorder.calls
 
 
+def monitor_argvs(node_config) -> list[tuple[str, ...]]:
+    """What the node health monitor runs every round to publish its metrics (node_bootstrap/monitor/actions.py,
+    its real code, commands recorded)."""
+    from node_bootstrap.monitor.actions import Responder
+
+    class Recorder:
+        calls: list[tuple[str, ...]] = []
+
+        def run(self, argv, **_):
+            self.calls.append(tuple(argv))
+
+            class Ok:
+                ok = True
+            return Ok()
+
+    recorder = Recorder()
+    Responder(parse_node_config(node_config), host=None, runner=recorder, identity=None).publish_metrics(
+        warnings=1, unhealthy=True)
+    return recorder.calls
+
+
 @pytest.fixture
 def produced(stack, node_config, tmp_path, monkeypatch):
     return {
         "protection": cli_published(protection_argvs()),
+        "monitor": cli_published(monitor_argvs(node_config)),
         "agent": agent_published(node_config["cloudwatchAgent"]),
         "efa": emf_published(efa_lines(tmp_path, node_config)),
         "trainer": emf_published(trainer_lines(monkeypatch)),
