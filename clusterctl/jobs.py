@@ -72,6 +72,7 @@ class JobRequest:
     overrides: tuple[str, ...] = ()  # training: --set items; commcheck: its options as key=value
     module: str = node_jobs.TRAINING_MODULE  # what torchrun runs (node_bootstrap.jobs.MODULES)
     resume_from: str = ""  # training: another job whose checkpoints this one starts from; "" = its own only
+    attempt: int = 1  # the job keeper's restarts start attempt 2, 3, ... under the same job id
 
     def validate(self) -> None:
         if self.module not in node_jobs.MODULES:
@@ -154,6 +155,8 @@ class JobRequest:
             parameters["module"] = [self.module]
         if self.resume_from:  # likewise: only sent when asked for
             parameters["resumeFrom"] = [self.resume_from]
+        if self.attempt > 1:
+            parameters["attempt"] = [str(self.attempt)]
         return parameters
 
 
@@ -376,6 +379,8 @@ class NodeJobState:
     module: str | None = None  # what the job runs: training or training.commcheck; None: no answer
     busbw_gbps: float | None = None  # commcheck: all_reduce busbw (GB/s) rank 0 logged on this node
     busbw_size_bytes: int | None = None  # the message size of busbw_gbps (the largest, once it finished)
+    attempt: int | None = None  # the job keeper's attempt number the node runs (1 before any restart)
+    resumed_from_step: int | None = None  # the checkpoint step the trainer resumed from (0: fresh)
 
     @classmethod
     def from_invocation(cls, invocation: Invocation) -> NodeJobState:
@@ -396,6 +401,8 @@ class NodeJobState:
                 module=payload.get("module"),
                 busbw_gbps=payload.get("busbwGbps"),
                 busbw_size_bytes=payload.get("busbwSizeBytes"),
+                attempt=payload.get("attempt"),
+                resumed_from_step=payload.get("resumedFromStep"),
             )
         if invocation.response_code == node_jobs.EXIT_NOT_FOUND:
             return cls(invocation.instance_id, "not-found", None, None, None, None, None, invocation.error)

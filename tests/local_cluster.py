@@ -1,0 +1,298 @@
+"""A cluster on this machine for failure drills: moto holds the AWS side (Auto Scaling group, EC2, SSM, the
+job table, the alarm topic), and every "instance" is a fake node root whose jobs run for real: the jobs
+document's own script (cluster_constructs/jobs.py build_job_script) runs node_bootstrap.jobs with the direct
+launcher, which runs torchrun and the real training package on the CPU.
+
+SSM is the seam. moto records every SendCommand (so ListCommands works), and this module then does what the
+SSM agent on each target would: checks the parameters against the document's allowedPattern/allowedValues,
+sets SSM_<name> for each (interpolationType ENV_VAR), and runs the script. GetCommandInvocation answers from
+those runs. A command to an instance that has no live node is refused as SSM refuses it (InvalidInstanceId).
+
+What a laptop cannot be is mapped, in one place (NODE_PYTHON_SHIM): every node's torchrun meets on
+127.0.0.1 instead of the private IP the keeper chose (that IP is recorded for the assertions), on a port per
+attempt, with one process per node instead of 8 GPUs; FSx for Lustre is one directory all node roots link to.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import boto3
+
+from cluster_constructs.jobs import PARAMETERS, build_job_script
+from node_bootstrap import jobs as node_jobs
+
+REPO = Path(__file__).resolve().parents[1]
+GOLDEN_NODE_CONFIG = REPO / "tests" / "cluster_constructs" / "golden" / "node-config.json"
+REGION = "us-east-1"
+STACK = "DrillStack"
+GROUP = "DrillStack-nodes"
+DOCUMENT = "DrillStack-JobsDocument-Drill1"
+TABLE = "DrillStack-JobTable-Drill1"
+IMAGE_ID = "ami-12c6146b"
+COMMAND_TIMEOUT_S = 300
+
+# Stands in for `python3` on the node's PATH: the document's script runs `python3 -m node_bootstrap.jobs ...`.
+NODE_PYTHON_SHIM = """\
+#!{python}
+import json, os, sys
+root = os.environ["DRILL_NODE_ROOT"]
+args = sys.argv[1:]
+assert args[:2] == ["-m", "node_bootstrap.jobs"], args
+rest = args[2:]
+if rest and rest[0] == "start":
+    attempt = int(rest[rest.index("--attempt") + 1]) if "--attempt" in rest else 1
+    i = rest.index("--rendezvous-host")
+    with open(os.path.join(root, "rendezvous-hosts.log"), "a") as f:
+        f.write(json.dumps({{"attempt": attempt, "host": rest[i + 1]}}) + "\\n")
+    rest[i + 1] = "127.0.0.1"  # every drill node is this machine
+    rest[rest.index("--gpus-per-node") + 1] = "1"  # one CPU process per node
+    config_path = os.path.join(root, "etc/cluster/node-config.json")
+    with open(config_path) as f:
+        config = json.load(f)
+    config["training"]["rendezvousPort"] = int(os.environ["DRILL_BASE_PORT"]) + attempt
+    with open(config_path, "w") as f:
+        json.dump(config, f)
+    rest += ["--launcher", "direct", "--stop-grace-seconds", os.environ.get("DRILL_STOP_GRACE_S", "20")]
+os.execv(sys.executable, [sys.executable, "-m", "node_bootstrap.jobs", "--root", root] + rest)
+"""
+
+TRAINER_PYTHON = """\
+#!/bin/sh
+exec {python} "$@"
+"""
+
+
+def free_port_block(size: int = 20) -> int:
+    """A base port with `size` free ports above it (best effort: bound and released)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + size < 65535:
+            return base
+    raise RuntimeError("no free port block")
+
+
+class FakeHttp:
+    def __init__(self, status_code: int) -> None:
+        self.status_code = status_code
+        self.headers: dict[str, str] = {}
+        self.content = b""
+        self.raw = None
+
+
+def _is_supervisor(pid: int) -> bool:
+    try:
+        return b"node_bootstrap.jobs" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+@dataclass
+class NodeRoot:
+    instance_id: str
+    root: Path
+    shim_dir: Path
+
+    def job_status(self, job_id: str) -> dict[str, Any] | None:
+        path = self.root / "var/lib/cluster/jobs" / job_id / "status.json"
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    def job_log(self, job_id: str) -> str:
+        path = self.root / "var/log/cluster/jobs" / f"{job_id}.log"
+        return path.read_text(errors="replace") if path.is_file() else ""
+
+    def rendezvous_hosts(self) -> list[dict[str, Any]]:
+        path = self.root / "rendezvous-hosts.log"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+    def kill_everything(self) -> list[int]:
+        """SIGKILL every process of every job on this node (a node that lost power)."""
+        killed = []
+        for status_path in (self.root / "var/lib/cluster/jobs").glob("*/status.json"):
+            pid = json.loads(status_path.read_text()).get("supervisorPid")
+            if not pid or not _is_supervisor(pid):  # finished long ago: the pid may be another process now
+                continue
+            for victim in [*node_jobs.descendants(pid), pid]:
+                try:
+                    os.kill(victim, signal.SIGKILL)
+                    killed.append(victim)
+                except ProcessLookupError:
+                    pass
+        return killed
+
+
+@dataclass
+class LocalCluster:
+    """The moto resources and the node roots; `attach(client)` makes an SSM client run commands here."""
+
+    base: Path
+    node_count: int
+    instance_type: str = "p5.48xlarge"
+    nodes: dict[str, NodeRoot] = field(default_factory=dict)
+    base_port: int = field(default_factory=free_port_block)
+    results: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    sent: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.fsx = self.base / "fsx"
+        self.fsx.mkdir(parents=True)
+        self.ec2 = boto3.client("ec2", region_name=REGION)
+        self.autoscaling = boto3.client("autoscaling", region_name=REGION)
+        vpc = self.ec2.create_vpc(CidrBlock="10.42.0.0/16")["Vpc"]["VpcId"]
+        subnet = self.ec2.create_subnet(VpcId=vpc, CidrBlock="10.42.1.0/24",
+                                        AvailabilityZone=f"{REGION}a")["Subnet"]["SubnetId"]
+        self.ec2.create_launch_template(LaunchTemplateName="drill-nodes", LaunchTemplateData={
+            "ImageId": IMAGE_ID, "InstanceType": self.instance_type})
+        self.autoscaling.create_auto_scaling_group(
+            AutoScalingGroupName=GROUP, LaunchTemplate={"LaunchTemplateName": "drill-nodes"},
+            MinSize=self.node_count, MaxSize=self.node_count, DesiredCapacity=self.node_count,
+            VPCZoneIdentifier=subnet)
+        boto3.client("ssm", region_name=REGION).create_document(
+            Name=DOCUMENT, Content=json.dumps({"schemaVersion": "2.2", "description": "drill",
+                                               "parameters": PARAMETERS,
+                                               "mainSteps": [{"action": "aws:runShellScript", "name": "run",
+                                                              "inputs": {"runCommand": ["true"]}}]}),
+            DocumentType="Command", DocumentFormat="JSON")
+        dynamodb = boto3.client("dynamodb", region_name=REGION)
+        dynamodb.create_table(TableName=TABLE, KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+                              AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+                              BillingMode="PAY_PER_REQUEST")
+        sns = boto3.client("sns", region_name=REGION)
+        self.topic_arn = sns.create_topic(Name="drill-alarms")["TopicArn"]
+        sqs = boto3.client("sqs", region_name=REGION)
+        self.alarm_queue = sqs.create_queue(QueueName="drill-alarms")["QueueUrl"]
+        queue_arn = sqs.get_queue_attributes(QueueUrl=self.alarm_queue, AttributeNames=["QueueArn"])[
+            "Attributes"]["QueueArn"]
+        sns.subscribe(TopicArn=self.topic_arn, Protocol="sqs", Endpoint=queue_arn)
+        for instance_id in self.instance_ids():
+            self.boot(instance_id)
+
+    # --- the group --------------------------------------------------------------------------------------
+
+    def instance_ids(self) -> list[str]:
+        group = self.autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[GROUP])["AutoScalingGroups"][0]
+        return [i["InstanceId"] for i in group["Instances"]]
+
+    def private_ip(self, instance_id: str) -> str:
+        reservations = self.ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
+        return reservations[0]["Instances"][0]["PrivateIpAddress"]
+
+    def boot(self, instance_id: str) -> NodeRoot:
+        """A node's root as node_bootstrap leaves it, and its cluster:bootstrap=ready tag."""
+        root = self.base / instance_id
+        (root / "etc/cluster").mkdir(parents=True)
+        config = json.loads(GOLDEN_NODE_CONFIG.read_text())
+        (root / "etc/cluster/node-config.json").write_text(json.dumps(config))
+        (root / "etc/cluster/training.env").write_text("OMP_NUM_THREADS=1\nPYTHONUNBUFFERED=1\n")
+        (root / "opt/cluster").mkdir(parents=True)
+        (root / "opt/cluster/bundle").symlink_to(REPO)
+        trainer_python = root / "opt/pytorch/bin/python"
+        trainer_python.parent.mkdir(parents=True)
+        trainer_python.write_text(TRAINER_PYTHON.format(python=sys.executable))
+        trainer_python.chmod(0o755)
+        (root / "fsx").symlink_to(self.fsx)  # FSx for Lustre: one file system every node mounts
+        uid, gid = os.getuid(), os.getgid()
+        (root / "etc/passwd").write_text(
+            f"root:x:0:0:root:/root:/bin/bash\ncluster-job:x:{uid}:{gid}:jobs:/var/lib/cluster-job:/sbin/nologin\n")
+        (root / "etc/group").write_text(f"root:x:0:\ncluster-job:x:{gid}:\n")
+        shim_dir = root / "shim"
+        shim_dir.mkdir()
+        shim = shim_dir / "python3"
+        shim.write_text(NODE_PYTHON_SHIM.format(python=sys.executable))
+        shim.chmod(0o755)
+        self.ec2.create_tags(Resources=[instance_id], Tags=[{"Key": "cluster:bootstrap", "Value": "ready"}])
+        node = NodeRoot(instance_id, root, shim_dir)
+        self.nodes[instance_id] = node
+        return node
+
+    def lose(self, instance_id: str) -> str:
+        """The node dies: its processes are killed, Auto Scaling terminates it and launches a replacement,
+        which boots. Returns the replacement's instance id."""
+        node = self.nodes.pop(instance_id)
+        node.kill_everything()
+        before = set(self.instance_ids())
+        self.autoscaling.terminate_instance_in_auto_scaling_group(
+            InstanceId=instance_id, ShouldDecrementDesiredCapacity=False)
+        (replacement,) = set(self.instance_ids()) - before
+        return replacement
+
+    def alarms(self) -> list[dict[str, Any]]:
+        sqs = boto3.client("sqs", region_name=REGION)
+        messages = sqs.receive_message(QueueUrl=self.alarm_queue, MaxNumberOfMessages=10).get("Messages", [])
+        return [json.loads(m["Body"]) for m in messages]
+
+    # --- SSM: what the agent on each node would do -------------------------------------------------------
+
+    def attach(self, ssm_client: Any) -> Any:
+        ssm_client.meta.events.register("before-call.ssm.SendCommand", self._before_send)
+        ssm_client.meta.events.register("after-call.ssm.SendCommand", self._after_send)
+        ssm_client.meta.events.register("before-call.ssm.GetCommandInvocation", self._get_invocation)
+        return ssm_client
+
+    def _before_send(self, params: dict[str, Any], context: dict[str, Any], **_: Any) -> Any:
+        request = json.loads(params["body"])
+        unknown = [i for i in request["InstanceIds"] if i not in self.nodes]
+        if unknown:
+            return FakeHttp(400), {"Error": {"Code": "InvalidInstanceId",
+                                             "Message": f"Instances {unknown} not in a valid state for account"}}
+        parameters = request.get("Parameters", {})
+        for name, values in parameters.items():
+            spec = PARAMETERS.get(name)
+            value = values[0]
+            allowed = spec and (value in spec["allowedValues"] if "allowedValues" in spec
+                                else re.fullmatch(spec["allowedPattern"][1:-1], value) is not None)
+            if not allowed:
+                return FakeHttp(400), {"Error": {"Code": "InvalidParameters",
+                                                 "Message": f"parameter {name}={value!r} is not allowed"}}
+        context["drill_request"] = request
+        return None
+
+    def _after_send(self, parsed: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
+        request = context.pop("drill_request", None)
+        if request is None or "Command" not in parsed:
+            return
+        self.sent.append(request)
+        command_id = parsed["Command"]["CommandId"]
+        parameters = {name: spec.get("default", "") for name, spec in PARAMETERS.items()}
+        parameters.update({name: values[0] for name, values in request.get("Parameters", {}).items()})
+        script = "\n".join(build_job_script(str(REPO))) + "\n"
+        for instance_id in request["InstanceIds"]:
+            node = self.nodes[instance_id]
+            env = {
+                "PATH": f"{node.shim_dir}:{os.environ['PATH']}",
+                "DRILL_NODE_ROOT": str(node.root),
+                "DRILL_BASE_PORT": str(self.base_port),
+                "HOME": str(node.root),
+                **{f"SSM_{name}": value for name, value in parameters.items()},
+            }
+            proc = subprocess.run(["bash", "-c", script], env=env, cwd=str(node.root), capture_output=True,
+                                  text=True, timeout=COMMAND_TIMEOUT_S)
+            self.results[(command_id, instance_id)] = {
+                "CommandId": command_id, "InstanceId": instance_id,
+                "Status": "Success" if proc.returncode == 0 else "Failed", "ResponseCode": proc.returncode,
+                "StandardOutputContent": proc.stdout, "StandardErrorContent": proc.stderr,
+            }
+
+    def _get_invocation(self, params: dict[str, Any], **_: Any) -> Any:
+        request = json.loads(params["body"])
+        result = self.results.get((request["CommandId"], request["InstanceId"]))
+        if result is None:
+            return FakeHttp(400), {"Error": {"Code": "InvocationDoesNotExist", "Message": "no such invocation"}}
+        return FakeHttp(200), dict(result)
+
+    def cleanup(self) -> None:
+        for node in list(self.nodes.values()):
+            node.kill_everything()
+        shutil.rmtree(self.base, ignore_errors=True)
