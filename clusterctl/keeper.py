@@ -36,6 +36,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import botocore.exceptions
+
 from clusterctl import jobs
 from clusterctl.aws import ClusterctlError
 from clusterctl.job_table import (
@@ -249,8 +251,11 @@ class Keeper:
             config=record.config, nodes=record.nodes, gpus_per_node=record.gpus_per_node,
             max_restarts=record.max_restarts, overrides=tuple(record.overrides), module=record.module,
             resume_from=record.resume_from, attempt=number)
-        result = jobs.submit_job(self.clients.ssm, self.settings.document_name, selected, request,
-                                 record.job_id, self._sleep, self._clock)
+        try:
+            result = jobs.submit_job(self.clients.ssm, self.settings.document_name, selected, request,
+                                     record.job_id, self._sleep, self._clock)
+        except (botocore.exceptions.ClientError, ClusterctlError) as e:  # refused before any node ran it
+            return self._on_fault(record, f"attempt {number} could not be sent: {e}", [])
         latest = self.table.get(record.job_id)
         if latest is not None and latest.state == "cancelled":  # cancelled while the start was on its way
             self._query(record.job_id, attempt.nodes, "cancel")
