@@ -22,6 +22,7 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
+from cluster_constructs.job_keeper import JOB_TABLE_ACTIONS
 from node_bootstrap import jobs as node_jobs
 
 DEFAULT_BUNDLE_DIR = "/opt/cluster/bundle"
@@ -30,6 +31,9 @@ DEFAULT_BUNDLE_DIR = "/opt/cluster/bundle"
 COMMAND_TIMEOUT_SECONDS = node_jobs.COMMAND_TIMEOUT_SECONDS
 ENV_PREFIX = "SSM_"  # the agent's variable for parameter P is SSM_P
 MIN_AGENT_VERSION = "3.3.2746.0"  # the first SSM agent that sets SSM_<name> for ENV_VAR parameters
+# The highest attempt number the document accepts: the keeper restarts a job at most maxJobRestarts (<= 100)
+# times, so a real job stays far below it; the bound only keeps the value a small number.
+MAX_JOB_ATTEMPT = 1000
 
 
 def _whole(pattern: str) -> str:
@@ -43,12 +47,15 @@ def _optional(pattern: str) -> str:
     return "^(" + _whole(pattern)[1:-1] + ")?$"
 
 
-def integer_pattern(maximum: int) -> str:
-    """An anchored expression for the decimal integers 0..maximum (no sign, no leading zeros)."""
+def integer_pattern(maximum: int, *, minimum: int = 0) -> str:
+    """An anchored expression for the decimal integers minimum..maximum (no sign, no leading zeros); minimum is
+    0 or 1."""
+    if minimum not in (0, 1) or maximum < minimum:
+        raise ValueError(f"integer_pattern covers {minimum}..{maximum}: minimum must be 0 or 1, maximum >= it")
     digits = str(maximum)
     if len(digits) == 1:
-        return f"^[0-{digits}]$"
-    shorter = ["[0-9]"] + [f"[1-9][0-9]{{{n - 1}}}" for n in range(2, len(digits))]
+        return f"^[{minimum}-{digits}]$"
+    shorter = [f"[{minimum}-9]"] + [f"[1-9][0-9]{{{n - 1}}}" for n in range(2, len(digits))]
     same_length = []
     for i, digit in enumerate(digits):
         low = 1 if i == 0 else 0
@@ -127,6 +134,13 @@ PARAMETERS: dict[str, dict[str, Any]] = {
         "default": "",
         "allowedPattern": _optional(node_jobs.JOB_ID_RE.pattern),
     },
+    "attempt": {
+        "type": "String",
+        "description": f"start: the job's attempt number, 1-{MAX_JOB_ATTEMPT}: 1 for a submit; the job keeper "
+        "restarts a job on a new node set as attempt 2, 3, ... under the same job id.",
+        "default": "1",
+        "allowedPattern": integer_pattern(MAX_JOB_ATTEMPT, minimum=1),
+    },
     "cancelTimeoutSeconds": {
         "type": "String",
         "description": f"cancel: seconds between SIGTERM and SIGKILL, 0-{node_jobs.MAX_CANCEL_TIMEOUT_SECONDS}.",
@@ -149,6 +163,7 @@ ACTION_OPTIONS: dict[str, tuple[tuple[str, str], ...]] = {
         ("--max-restarts", "maxRestarts"),
         ("--overrides", "overrides"),
         ("--resume-from", "resumeFrom"),
+        ("--attempt", "attempt"),
     ),
     "status": (("--job-id", "jobId"),),
     "cancel": (("--job-id", "jobId"), ("--timeout-seconds", "cancelTimeoutSeconds")),
@@ -305,4 +320,11 @@ class JobRunner(Construct):
                     resources=[capacity_reservation_arn],
                 ),
             ],
+        )
+
+    def allow_job_table(self, table_arn: str) -> None:
+        """Operators may read and write the job table (clusterctl submit, jobs, status, cancel): the keeper's
+        item actions, on that table only."""
+        self.operator_policy.add_statements(
+            iam.PolicyStatement(sid="JobRecords", actions=list(JOB_TABLE_ACTIONS), resources=[table_arn])
         )

@@ -9,10 +9,25 @@ import pytest
 from aws_cdk import aws_logs as logs
 from aws_cdk.assertions import Match, Template
 
-from cluster_constructs.jobs import PARAMETERS, JobRunner, build_job_script
+from cluster_constructs.jobs import MAX_JOB_ATTEMPT, PARAMETERS, JobRunner, build_job_script, integer_pattern
 from node_bootstrap import jobs as node_jobs
 
 ASG_NAME = "training-cluster-nodes"
+JOB_TABLE_ARN = "arn:aws:dynamodb:us-east-1:111122223333:table/TrainingClusterStack-JobKeeperTable-X1"
+
+
+def parse_node_args(argv):
+    """node_bootstrap.jobs' parser on the argv the script hands it. `start --attempt N` is the node side's part
+    of issue 10 (written on another branch): until this checkout's parser knows it, the pair must still be there,
+    once, and the rest must parse."""
+    parser = node_jobs.build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if args.command == "start" and not hasattr(args, "attempt"):
+        assert unknown == ["--attempt", argv[argv.index("--attempt") + 1]], unknown
+        args.attempt = int(unknown[1])
+    else:
+        assert unknown == [], unknown
+    return args
 
 
 @pytest.fixture(scope="module")
@@ -22,6 +37,7 @@ def built():
     stack = cdk.Stack(app, "TrainingClusterStack", env=env)
     log_group = logs.LogGroup(stack, "Logs", log_group_name="/training-cluster/TrainingClusterStack")
     runner = JobRunner(stack, "Jobs", log_group=log_group, auto_scaling_group_name=ASG_NAME)
+    runner.allow_job_table(JOB_TABLE_ARN)
     return stack, runner, Template.from_stack(stack)
 
 
@@ -52,7 +68,7 @@ def test_every_parameter_is_constrained(built):
     _, _, template = built
     parameters = document_content(template)["parameters"]
     assert set(parameters) == {"action", "jobId", "module", "config", "nodes", "gpusPerNode",
-                               "rendezvousHost", "maxRestarts", "overrides", "resumeFrom",
+                               "rendezvousHost", "maxRestarts", "overrides", "resumeFrom", "attempt",
                                "cancelTimeoutSeconds"}
     assert parameters["action"]["allowedValues"] == ["start", "status", "cancel"]
     assert parameters["module"]["allowedValues"] == ["training", "training.commcheck"]
@@ -75,6 +91,8 @@ def test_every_parameter_is_constrained(built):
         ("overrides", "a=1\nid"), ("nodes", "0"), ("nodes", "1|id"), ("maxRestarts", "-1"),
         ("gpusPerNode", "8 "), ("cancelTimeoutSeconds", "999"), ("cancelTimeoutSeconds", "681"),
         ("resumeFrom", "../j-1"), ("resumeFrom", "j-1;id"),
+        ("attempt", "0"), ("attempt", "01"), ("attempt", "1001"), ("attempt", "-1"), ("attempt", "2;id"),
+        ("attempt", ""),
     ],
 )
 def test_patterns_reject_shell_metacharacters(name, value):
@@ -92,6 +110,7 @@ def test_patterns_reject_shell_metacharacters(name, value):
         ("overrides", "sizes_mib=64,1024 min_busbw_gbps=350.0 iters=20"),
         ("maxRestarts", "3"), ("cancelTimeoutSeconds", "120"), ("cancelTimeoutSeconds", "0"),
         ("gpusPerNode", "8"), ("resumeFrom", ""), ("resumeFrom", "j-20261119-101500-0a0b"),
+        ("attempt", "1"), ("attempt", "2"), ("attempt", "1000"),
     ],
 )
 def test_patterns_accept_what_clusterctl_sends(name, value):
@@ -147,16 +166,15 @@ def test_script_passes_every_parameter_to_the_node_launcher(built, tmp_path):
     values = {"action": "start", "jobId": "j-20261120-231502-ab12", "config": "training/configs/tiny.toml",
               "nodes": "4", "gpusPerNode": "8", "rendezvousHost": "10.0.1.17", "maxRestarts": "2",
               "overrides": "optim.lr=3e-4 train.steps=10", "cancelTimeoutSeconds": "60",
-              "resumeFrom": "j-20261119-101500-0a0b"}
-    parser = node_jobs.build_parser()
-    start = parser.parse_args(run_script(tmp_path, values, lines)[0])
+              "resumeFrom": "j-20261119-101500-0a0b", "attempt": "3"}
+    start = parse_node_args(run_script(tmp_path, values, lines)[0])
     assert (start.command, start.job_id, start.module, start.config, start.nodes, start.gpus_per_node,
-            start.rendezvous_host, start.max_restarts, start.overrides, start.resume_from) == (
+            start.rendezvous_host, start.max_restarts, start.overrides, start.resume_from, start.attempt) == (
         "start", "j-20261120-231502-ab12", "training", "training/configs/tiny.toml", 4, 8, "10.0.1.17", 2,
-        "optim.lr=3e-4 train.steps=10", "j-20261119-101500-0a0b")
-    status = parser.parse_args(run_script(tmp_path, {**values, "action": "status"}, lines)[0])
+        "optim.lr=3e-4 train.steps=10", "j-20261119-101500-0a0b", 3)
+    status = parse_node_args(run_script(tmp_path, {**values, "action": "status"}, lines)[0])
     assert (status.command, status.job_id) == ("status", "j-20261120-231502-ab12")
-    cancel = parser.parse_args(run_script(tmp_path, {**values, "action": "cancel"}, lines)[0])
+    cancel = parse_node_args(run_script(tmp_path, {**values, "action": "cancel"}, lines)[0])
     assert (cancel.command, cancel.job_id, cancel.timeout_seconds) == (
         "cancel", "j-20261120-231502-ab12", 60.0)
 
@@ -169,7 +187,7 @@ def test_a_value_is_one_word_that_bash_never_parses(tmp_path, value):
                                        "rendezvousHost": value, "config": value})
     assert done.returncode == 0, done.stderr
     assert not (tmp_path / "pwned").exists()
-    start = node_jobs.build_parser().parse_args(argv)
+    start = parse_node_args(argv)
     assert (start.overrides, start.rendezvous_host, start.config) == (value, value, value)
 
 
@@ -184,9 +202,9 @@ def test_script_starts_a_commcheck_without_a_config(tmp_path):
     values = {"action": "start", "jobId": "j-20261120-231502-cc01", "module": "training.commcheck",
               "nodes": "2", "rendezvousHost": "10.0.1.17", "maxRestarts": "0",
               "overrides": "sizes_mib=64,1024 min_busbw_gbps=350.0"}
-    start = node_jobs.build_parser().parse_args(run_script(tmp_path, values)[0])
-    assert (start.module, start.config, start.nodes, start.gpus_per_node, start.max_restarts) == (
-        "training.commcheck", "", 2, 8, 0)
+    start = parse_node_args(run_script(tmp_path, values)[0])
+    assert (start.module, start.config, start.nodes, start.gpus_per_node, start.max_restarts, start.attempt) == (
+        "training.commcheck", "", 2, 8, 0, 1)  # a start that does not send an attempt is attempt 1
     spec = node_jobs.JobSpec(job_id=start.job_id, config=start.config, nodes=start.nodes,
                              gpus_per_node=start.gpus_per_node, rendezvous_host=start.rendezvous_host,
                              max_restarts=start.max_restarts, overrides=tuple(start.overrides.split()),
@@ -198,7 +216,7 @@ def test_script_starts_a_commcheck_without_a_config(tmp_path):
 
 def test_a_status_that_sends_only_action_and_job_id_runs_with_the_defaults(tmp_path):
     argv, done = run_script(tmp_path, {"action": "status", "jobId": "j-x-1"})
-    assert node_jobs.build_parser().parse_args(argv).job_id == "j-x-1", done.stderr
+    assert parse_node_args(argv).job_id == "j-x-1", done.stderr
 
 
 def test_the_longest_cancel_fits_in_the_command_timeout(built):
@@ -210,6 +228,27 @@ def test_the_longest_cancel_fits_in_the_command_timeout(built):
     assert allowed == list(range(node_jobs.MAX_CANCEL_TIMEOUT_SECONDS + 1))
     # the SIGTERM wait, then what cancel does after it, within the step's own limit
     assert max(allowed) + node_jobs.CANCEL_AFTER_WAIT_SECONDS <= step_timeout
+
+
+def test_attempt_allows_1_to_1000_and_defaults_to_1(built):
+    _, _, template = built
+    attempt = document_content(template)["parameters"]["attempt"]
+    pattern = re.compile(attempt["allowedPattern"])
+    assert [n for n in range(0, 10_000) if pattern.fullmatch(str(n))] == list(range(1, MAX_JOB_ATTEMPT + 1))
+    assert attempt["default"] == "1" and attempt["interpolationType"] == "ENV_VAR"
+
+
+@pytest.mark.parametrize("maximum", [1, 7, 9, 10, 99, 100, 680, 1000, 4321])
+@pytest.mark.parametrize("minimum", [0, 1])
+def test_integer_pattern_matches_exactly_its_range(minimum, maximum):
+    pattern = re.compile(integer_pattern(maximum, minimum=minimum))
+    assert [n for n in range(0, 10_000) if pattern.fullmatch(str(n))] == list(range(minimum, maximum + 1))
+    assert not pattern.fullmatch("0" + str(maximum))  # no leading zeros
+
+
+def test_integer_pattern_refuses_a_range_it_cannot_write():
+    with pytest.raises(ValueError, match="minimum must be 0 or 1"):
+        integer_pattern(10, minimum=2)
 
 
 def statement(template, sid):
@@ -256,6 +295,17 @@ def test_operator_reads_results_logs_stack_and_capacity(built):
     purchase = statement(template, "PurchaseCapacityBlocks")
     assert purchase["Action"] == "ec2:PurchaseCapacityBlock"
     assert purchase["Resource"]["Fn::Join"][1][-1] == ":ec2:us-east-1:111122223333:capacity-reservation/*"
+
+
+def test_operator_may_read_and_write_the_job_table_only(built):
+    _, _, template = built
+    records = statement(template, "JobRecords")
+    assert sorted(records["Action"]) == ["dynamodb:ConditionCheckItem", "dynamodb:DeleteItem",
+                                         "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Scan"]
+    assert records["Resource"] == JOB_TABLE_ARN and "Condition" not in records
+    (policy,) = template.find_resources("AWS::IAM::ManagedPolicy").values()
+    dynamodb = [s for s in policy["Properties"]["PolicyDocument"]["Statement"] if "dynamodb:" in json.dumps(s)]
+    assert dynamodb == [records]  # no other statement touches DynamoDB
 
 
 def test_custom_bundle_dir_reaches_the_script():
