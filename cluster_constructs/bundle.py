@@ -1,8 +1,14 @@
-"""The node bundle: node_bootstrap, the training package and the instance catalog, staged for one S3 asset.
+"""The stack's two code assets, staged from the repository by the same rules.
 
-User-data downloads the asset and unpacks it at /opt/cluster/bundle (docs/architecture.md section 1). The asset
-hash names the bundle object and is baked into the launch template, so the bundle must be a pure function of
-the committed code: the same checkout gives the same hash whatever tools ran in it before.
+- The node bundle (NODE_BUNDLE): node_bootstrap, the training package and the instance catalog, one S3 asset.
+  User-data downloads it and unpacks it at /opt/cluster/bundle (docs/architecture.md section 1).
+- The job keeper's code (KEEPER_CODE): clusterctl, node_bootstrap, training and the instance catalog, the
+  Lambda function's asset (cluster_constructs/job_keeper.py). The keeper shares clusterctl's job code rather
+  than a copy of it; boto3 comes from the Lambda runtime.
+
+An asset's hash names its object and is baked into the template (the launch template, the function's code), so
+each asset must be a pure function of the committed code: the same checkout gives the same hash whatever tools
+ran in it before.
 
 So staging copies only source files: in a git checkout, the files git tracks under the bundled packages (a new
 module reaches the nodes once it is `git add`ed); elsewhere (an unpacked source archive), every file under
@@ -15,15 +21,40 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-BUNDLED_PACKAGES = ("node_bootstrap", "training")
-# The catalog alone, without the CDK constructs: training reads the GPU peak for MFU from it.
+# The catalog alone, without the CDK constructs: training reads the GPU peak for MFU from it, clusterctl the
+# instance facts and prices.
 CATALOG = "cluster_constructs/instance_types.py"
+# Staged files are written with these modes, whatever the umask: the zip keeps them, and Lambda runs the code as
+# a user other than the file's owner (a 0600 module would fail to import). The hash reads contents, not modes.
+_FILE_MODE = 0o644
+_DIR_MODE = 0o755
 _NOT_SHIPPED_NAMES = {"__pycache__", "ruff.toml"}
 _NOT_SHIPPED_SUFFIXES = (".pyc", ".pyo")
 _GIT_TIMEOUT_S = 30
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """One staged code asset: the packages it holds (plus the catalog) and the docstring of the
+    `cluster_constructs/__init__.py` it gets instead of the CDK constructs' own."""
+
+    packages: tuple[str, ...]
+    catalog_package_doc: str
+
+    @property
+    def sources(self) -> list[str]:
+        return [*self.packages, CATALOG]
+
+
+NODE_BUNDLE = Bundle(("node_bootstrap", "training"), "Only the instance catalog is shipped to the nodes.")
+KEEPER_CODE = Bundle(
+    ("clusterctl", "node_bootstrap", "training"), "Only the instance catalog is shipped to the job keeper."
+)
+BUNDLED_PACKAGES = NODE_BUNDLE.packages
 
 
 def is_shipped(relative_path: str) -> bool:
@@ -34,29 +65,45 @@ def is_shipped(relative_path: str) -> bool:
     return not parts[-1].endswith(_NOT_SHIPPED_SUFFIXES)
 
 
-def bundled_files(repo_root: Path = REPO_ROOT) -> list[str]:
+def bundled_files(repo_root: Path = REPO_ROOT, bundle: Bundle = NODE_BUNDLE) -> list[str]:
     """The repository-relative paths of every file the bundle holds, sorted."""
-    sources = [*BUNDLED_PACKAGES, CATALOG]
-    candidates = _git_tracked(repo_root, sources)
+    candidates = _git_tracked(repo_root, bundle.sources)
     if candidates is None:
-        candidates = _walk(repo_root, sources)
+        candidates = _walk(repo_root, bundle.sources)
     # A tracked file deleted in the work tree is not shipped (and its absence shows up in the tests).
     return sorted(p for p in set(candidates) if is_shipped(p) and (repo_root / p).is_file())
 
 
-def stage_bundle(destination: Path, *, repo_root: Path = REPO_ROOT) -> Path:
+def stage_bundle(destination: Path, *, repo_root: Path = REPO_ROOT, bundle: Bundle = NODE_BUNDLE) -> Path:
     """Copy the bundle's files into `destination` (replacing what was there) and return it."""
     if destination.exists():
         shutil.rmtree(destination)
     destination.mkdir(parents=True)
-    for relative in bundled_files(repo_root):
+    for relative in bundled_files(repo_root, bundle):
         target = destination / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
+        _make_dirs(destination, target.parent)
         shutil.copyfile(repo_root / relative, target)  # contents only: modes and times are not the code
-    (destination / "cluster_constructs" / "__init__.py").write_text(
-        '"""Only the instance catalog is shipped to the nodes."""\n'
-    )
+        target.chmod(_FILE_MODE)
+    package_init = destination / "cluster_constructs" / "__init__.py"
+    package_init.write_text(f'"""{bundle.catalog_package_doc}"""\n')
+    package_init.chmod(_FILE_MODE)
     return destination
+
+
+def stage_keeper_code(destination: Path, *, repo_root: Path = REPO_ROOT) -> Path:
+    """The job keeper Lambda function's code, staged into `destination` (see KEEPER_CODE)."""
+    return stage_bundle(destination, repo_root=repo_root, bundle=KEEPER_CODE)
+
+
+def _make_dirs(root: Path, directory: Path) -> None:
+    """`directory` and its parents up to `root`, each with _DIR_MODE."""
+    missing = []
+    while directory != root and not directory.exists():
+        missing.append(directory)
+        directory = directory.parent
+    for path in reversed(missing):
+        path.mkdir()
+        path.chmod(_DIR_MODE)
 
 
 def _git_tracked(repo_root: Path, sources: list[str]) -> list[str] | None:

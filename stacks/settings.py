@@ -82,6 +82,7 @@ SETTING_KEYS = (
     "healthCheckIntervalSeconds",
     "jobHangTimeoutMinutes",
     "jobStartTimeoutMinutes",
+    "maxJobRestarts",
     "tags",
 )
 
@@ -204,6 +205,16 @@ class HealthSettings:
 
 
 @dataclass(frozen=True)
+class JobKeeperSettings:
+    """The job keeper (cluster_constructs/job_keeper.py): a job that lost a node restarts on a new node set."""
+
+    max_job_restarts: int  # restarts of one job before the keeper gives up (failed + alarm); 0: never restart
+
+
+MAX_JOB_RESTARTS = 100  # a job restarted this often has a cause no restart fixes
+
+
+@dataclass(frozen=True)
 class ClusterSettings:
     region: str
     network: NetworkSettings
@@ -214,6 +225,7 @@ class ClusterSettings:
     tags: Mapping[str, str]
     bootstrap: BootstrapSettings
     health: HealthSettings
+    job_keeper: JobKeeperSettings
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -283,6 +295,11 @@ def load_settings(
         tags=tags("tags", context("tags")),
         bootstrap=_bootstrap_settings(context),
         health=_health_settings(context),
+        job_keeper=JobKeeperSettings(
+            max_job_restarts=integer(
+                "maxJobRestarts", context("maxJobRestarts"), minimum=0, maximum=MAX_JOB_RESTARTS
+            )
+        ),
     )
 
 

@@ -1,14 +1,25 @@
-"""The node bundle is a pure function of the committed code: caches, tool state and untracked files never
-change its asset hash (and so the launch template), whatever ran in the checkout before `cdk synth`."""
+"""The node bundle and the job keeper's code are pure functions of the committed code: caches, tool state and
+untracked files never change their asset hashes (and so the launch template and the function), whatever ran in
+the checkout before `cdk synth`."""
 
+import os
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 
 import pytest
 from aws_cdk import FileSystem
 
-from cluster_constructs.bundle import REPO_ROOT, bundled_files, is_shipped, stage_bundle
+from cluster_constructs.bundle import (
+    KEEPER_CODE,
+    NODE_BUNDLE,
+    REPO_ROOT,
+    bundled_files,
+    is_shipped,
+    stage_bundle,
+    stage_keeper_code,
+)
 
 GIT = shutil.which("git")
 RUFF = Path(REPO_ROOT / ".venv" / "bin" / "ruff")
@@ -22,12 +33,16 @@ JUNK = {
     "training/.mypy_cache/3.11/x.json": "{}",
     "training/configs/.tiny-cpu.toml.swp": "editor",
     "node_bootstrap/jobs/stray.pyc": "bytecode",
+    "clusterctl/__pycache__/jobs.cpython-311.pyc": "bytecode",
+    "clusterctl/.ruff_cache/CACHEDIR.TAG": "Signature: 8a477f597d28d172789f06886806bc55",
 }
+BUNDLES = {"node": NODE_BUNDLE, "keeper": KEEPER_CODE}
 
 
 def _copy_sources(destination: Path) -> Path:
     """A checkout of the bundled packages (their files as the repository has them) in `destination`."""
-    for relative in [*bundled_files(REPO_ROOT), "pyproject.toml", "node_bootstrap/ruff.toml"]:
+    sources = {*bundled_files(REPO_ROOT, NODE_BUNDLE), *bundled_files(REPO_ROOT, KEEPER_CODE)}
+    for relative in [*sorted(sources), "pyproject.toml", "node_bootstrap/ruff.toml"]:
         # (ruff.toml is not shipped, but lint reads it)
         target = destination / relative
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -44,8 +59,8 @@ def _git(repo: Path, *args: str) -> None:
     )
 
 
-def _fingerprint(repo: Path, tmp_path: Path, name: str) -> str:
-    return FileSystem.fingerprint(str(stage_bundle(tmp_path / name, repo_root=repo)))
+def _fingerprint(repo: Path, tmp_path: Path, name: str, bundle=NODE_BUNDLE) -> str:
+    return FileSystem.fingerprint(str(stage_bundle(tmp_path / name, repo_root=repo, bundle=bundle)))
 
 
 def _add_junk(repo: Path) -> None:
@@ -65,11 +80,14 @@ def git_checkout(tmp_path):
     return repo
 
 
-def test_caches_and_untracked_files_do_not_change_the_bundle_hash(git_checkout, tmp_path):
-    before = _fingerprint(git_checkout, tmp_path, "before")
+@pytest.mark.parametrize("name", sorted(BUNDLES))
+def test_caches_and_untracked_files_do_not_change_the_bundle_hash(git_checkout, tmp_path, name):
+    bundle = BUNDLES[name]
+    before = _fingerprint(git_checkout, tmp_path, "before", bundle)
     _add_junk(git_checkout)
     (git_checkout / "training" / "scratch_notes.py").write_text("print('not committed')\n")
-    after = _fingerprint(git_checkout, tmp_path, "after")
+    (git_checkout / "clusterctl" / "scratch_notes.py").write_text("print('not committed')\n")
+    after = _fingerprint(git_checkout, tmp_path, "after", bundle)
     assert after == before
     staged = {p.relative_to(tmp_path / "after").as_posix() for p in (tmp_path / "after").rglob("*") if p.is_file()}
     assert not {p for p in staged if "cache" in p or p.endswith((".pyc", ".swp")) or "scratch_notes" in p}
@@ -97,11 +115,62 @@ def test_linting_leaves_no_cache_inside_the_packages(git_checkout, tmp_path):
     assert _fingerprint(git_checkout, tmp_path, "after") == before
 
 
-def test_without_git_caches_are_still_left_out(tmp_path):
+@pytest.mark.parametrize("name", sorted(BUNDLES))
+def test_without_git_caches_are_still_left_out(tmp_path, name):
     repo = _copy_sources(tmp_path / "archive")  # an unpacked source archive: no .git
-    before = _fingerprint(repo, tmp_path, "before")
+    before = _fingerprint(repo, tmp_path, "before", BUNDLES[name])
     _add_junk(repo)
-    assert _fingerprint(repo, tmp_path, "after") == before
+    assert _fingerprint(repo, tmp_path, "after", BUNDLES[name]) == before
+
+
+def test_a_clusterctl_change_changes_the_keeper_code_and_not_the_node_bundle(git_checkout, tmp_path):
+    node, keeper = (_fingerprint(git_checkout, tmp_path, f"before-{n}", BUNDLES[n]) for n in ("node", "keeper"))
+    with (git_checkout / "clusterctl" / "job_table.py").open("a") as f:
+        f.write("# a change the keeper must get\n")
+    assert _fingerprint(git_checkout, tmp_path, "after-keeper", KEEPER_CODE) != keeper
+    assert _fingerprint(git_checkout, tmp_path, "after-node", NODE_BUNDLE) == node
+
+
+def _staged_files(root: Path) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() or p.is_symlink())
+
+
+def _tracked(*sources: str) -> list[str]:
+    listed = subprocess.run(["git", "-C", str(REPO_ROOT), "ls-files", "-z", "--", *sources], check=True,
+                            capture_output=True, timeout=60).stdout.decode().split("\0")
+    return [p for p in listed if p and (REPO_ROOT / p).is_file()]
+
+
+@pytest.mark.skipif(GIT is None or not (REPO_ROOT / ".git").exists(), reason="needs the git checkout")
+def test_the_keeper_code_holds_exactly_clusterctl_node_bootstrap_training_and_the_catalog(tmp_path):
+    staged = stage_keeper_code(tmp_path / "keeper")
+    files = _staged_files(staged)
+    # the committed files of the three packages (minus the node package's lint config), the catalog, and the
+    # catalog's package marker written for the asset: nothing else of cluster_constructs, no tests, no docs
+    expected = sorted({*_tracked("clusterctl", "node_bootstrap", "training"),
+                       "cluster_constructs/instance_types.py", "cluster_constructs/__init__.py"}
+                      - {"node_bootstrap/ruff.toml"})
+    assert files == expected
+    assert {f.split("/")[0] for f in files} == {"clusterctl", "node_bootstrap", "training", "cluster_constructs"}
+    assert "clusterctl/job_table.py" in files and "node_bootstrap/jobs/spec.py" in files
+    assert not [f for f in files if "__pycache__" in f or f.endswith((".pyc", ".pyo")) or "/." in f]
+    assert (staged / "cluster_constructs" / "__init__.py").read_text() == (
+        '"""Only the instance catalog is shipped to the job keeper."""\n')
+    # staging again gives the same asset hash: a pure function of the committed code
+    assert FileSystem.fingerprint(str(staged)) == FileSystem.fingerprint(
+        str(stage_keeper_code(tmp_path / "again")))
+
+
+def test_staged_files_are_world_readable_whatever_the_umask(tmp_path):
+    # The CLI zips each file with its mode, and Lambda runs the code as another user than the file's owner.
+    old = os.umask(0o077)
+    try:
+        staged = stage_keeper_code(tmp_path / "keeper")
+    finally:
+        os.umask(old)
+    modes = {stat.S_IMODE(p.stat().st_mode) for p in staged.rglob("*") if p.is_file()}
+    assert modes == {0o644}
+    assert {stat.S_IMODE(p.stat().st_mode) for p in staged.rglob("*") if p.is_dir()} == {0o755}
 
 
 def test_shipped_files_are_sources_only():
@@ -112,3 +181,4 @@ def test_shipped_files_are_sources_only():
     files = bundled_files()
     assert "node_bootstrap/__main__.py" in files and "training/__main__.py" in files
     assert [f for f in files if f.startswith("cluster_constructs/")] == ["cluster_constructs/instance_types.py"]
+    assert not [f for f in files if f.startswith("clusterctl/")]  # the operator CLI stays off the nodes

@@ -35,6 +35,12 @@ def test_health_monitor_and_hang_detection_defaults_and_off():
     assert not off.monitor_enabled and off.job_hang_timeout_minutes == 0
 
 
+def test_job_keeper_restarts_default_and_range():
+    assert build_settings().job_keeper.max_job_restarts == 5
+    assert build_settings(maxJobRestarts="0").job_keeper.max_job_restarts == 0  # never restart
+    assert build_settings(maxJobRestarts="100").job_keeper.max_job_restarts == 100
+
+
 def test_command_line_strings_are_typed():
     settings = build_settings(
         nodeCount="4",
@@ -179,6 +185,10 @@ BAD_SETTINGS = [
         {"jobHangTimeoutMinutes": "45", "jobStartTimeoutMinutes": "30"},
         "jobStartTimeoutMinutes=30: must be >= jobHangTimeoutMinutes=45",
     ),
+    ({"maxJobRestarts": "101"}, "maxJobRestarts=101: must be an integer >= 0 and <= 100"),
+    ({"maxJobRestarts": "-1"}, "maxJobRestarts=-1: must be an integer >= 0 and <= 100"),
+    ({"maxJobRestarts": "five"}, "maxJobRestarts='five': must be an integer"),
+    ({"maxJobRestarts": True}, "maxJobRestarts=True: must be an integer"),
     (
         {"tags": {"aws:reserved": "x"}},
         "tags key='aws:reserved': must not start with aws: or cluster: (reserved)",
