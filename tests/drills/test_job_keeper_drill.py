@@ -17,7 +17,7 @@ from pathlib import Path
 
 import boto3
 import pytest
-from aws_events import autoscaling_event, scheduled_event
+from aws_events import autoscaling_event, expiration_warning, scheduled_event
 from local_cluster import DOCUMENT, GROUP, REGION, STACK, TABLE, LocalCluster
 from moto import mock_aws
 from torchrun_support import SMALL, torchrun
@@ -215,3 +215,80 @@ def test_a_second_job_is_refused_while_one_is_active(drill):
     assert drill.table.active_job_id() == record.job_id
     starts = [r for r in drill.cluster.sent if r["Parameters"]["action"] == ["start"]]
     assert len(starts) == 1
+
+
+# Long enough that the job is still running whenever these drills act on it; they stop it themselves.
+LONG_JOB = [*SMALL, "run.steps=100000", "checkpoint.interval_steps=1000"]
+
+
+def test_a_cancel_while_restarting_is_not_undone(drill):
+    record = drill.submit(LONG_JOB)
+    job_id, lost = record.job_id, record.attempts[0].nodes[0]
+    drill.wait_for_step(job_id, 2)
+    replacement = drill.cluster.lose(lost)  # the replacement is launched but has not booted yet
+    outcome = drill.event(autoscaling_event("EC2 Instance Terminate Successful", lost))
+    assert (outcome["action"], outcome["state"]) == ("waiting", "restarting"), outcome
+    assert "1 of 2 ready" in outcome["detail"] or "2 nodes asked" in outcome["detail"], outcome
+
+    # what `clusterctl cancel` writes first, before it stops anything
+    restarting = drill.record(job_id)
+    drill.table.save(dataclasses.replace(restarting, state="cancelled", cancel_requested_by="clusterctl cancel",
+                                         reason="cancelled by clusterctl cancel",
+                                         ended_at=restarting.updated_at), datetime.datetime.now(datetime.UTC))
+    drill.cluster.boot(replacement)  # now the group is whole again
+    assert drill.event(autoscaling_event("EC2 Instance Launch Successful", replacement))["action"] == "idle"
+    assert drill.event(scheduled_event())["action"] == "idle"
+    final = drill.record(job_id)
+    assert (final.state, final.attempt) == ("cancelled", 1)
+    starts = [r for r in drill.cluster.sent if r["Parameters"]["action"] == ["start"]]
+    assert len(starts) == 1  # the submit's; no second attempt was sent
+
+
+def test_the_restart_limit_fails_the_job_and_publishes_an_alarm(drill):
+    record = drill.submit(LONG_JOB, max_job_restarts=1)
+    job_id = record.job_id
+    for attempt in (1, 2):
+        current = drill.record(job_id).attempts[-1]
+        assert current.number == attempt
+        drill.wait_for_step(job_id, 2 if attempt == 1 else 1)
+        lost = current.nodes[-1]
+        replacement = drill.cluster.lose(lost)
+        drill.cluster.boot(replacement)
+        outcome = drill.event(autoscaling_event("EC2 Instance Terminate Successful", lost))
+        if attempt == 1:
+            assert outcome["action"] == "started", outcome
+            drill.until(job_id, lambda r: all(n.last_step for n in r.attempts[-1].node_reports), "attempt 2 steps")
+    assert (outcome["action"], outcome["state"]) == ("failed", "failed"), outcome
+    final = drill.record(job_id)
+    assert final.attempt == 2 and final.reason.startswith("gave up after 1 restart(s) (maxJobRestarts 1): node ")
+    assert drill.table.active_job_id() is None
+    (alarm,) = drill.cluster.alarms()
+    assert alarm["Subject"] == f"{STACK}: job {job_id} failed"
+    message = json.loads(alarm["Message"])
+    assert (message["jobId"], message["state"], message["attempts"]) == (job_id, "failed", 2)
+    assert message["reason"] == final.reason
+    # nothing of the job is left running on the surviving node
+    survivor = next(n for n in final.attempts[-1].nodes if n in drill.cluster.nodes)
+    assert drill.cluster.nodes[survivor].job_status(job_id)["state"] != "running"
+
+
+def test_a_capacity_block_end_stops_the_job_and_it_is_never_restarted(aws, tmp_path):
+    drill = make_drill(tmp_path, capacity_mode="capacity-block")
+    try:
+        record = drill.submit(LONG_JOB)
+        job_id = record.job_id
+        drill.wait_for_step(job_id, 2)
+        outcome = drill.event(expiration_warning("cr-0123456789abcdef0", "2026-11-23T12:00:00Z"))
+        assert (outcome["action"], outcome["state"]) == ("cancelled", "cancelled"), outcome
+        final = drill.record(job_id)
+        assert final.cancel_requested_by == "capacity block end"
+        assert final.reason.startswith("Capacity Block cr-0123456789abcdef0 ends at 2026-11-23T12:00:00Z")
+        for node in record.attempts[0].nodes:
+            assert drill.cluster.nodes[node].job_status(job_id)["state"] in ("cancelled", "succeeded")
+        # EC2 then terminates the instances: the keeper does not bring the job back
+        lost = record.attempts[0].nodes[0]
+        drill.cluster.boot(drill.cluster.lose(lost))
+        assert drill.event(autoscaling_event("EC2 Instance Terminate Successful", lost))["action"] == "idle"
+        assert drill.record(job_id).attempt == 1
+    finally:
+        drill.cluster.cleanup()
