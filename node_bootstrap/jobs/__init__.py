@@ -4,7 +4,8 @@ The stack's SSM document (cluster_constructs/jobs.py) runs this package on every
 ssm:SendCommand (docs/architecture.md section 5):
 
     python3 -m node_bootstrap.jobs start  --job-id J --config training/configs/X.toml --nodes N \
-        --gpus-per-node G --rendezvous-host IP --max-restarts R [--overrides "k=v k=v"] [--resume-from J0]
+        --gpus-per-node G --rendezvous-host IP --max-restarts R [--overrides "k=v k=v"] [--resume-from J0] \
+        [--attempt K]
     python3 -m node_bootstrap.jobs start  --job-id J --module training.commcheck --nodes N \
         --gpus-per-node G --rendezvous-host IP --max-restarts 0 [--overrides "min_busbw_gbps=350"]
     python3 -m node_bootstrap.jobs status --job-id J
@@ -21,15 +22,22 @@ user (node_bootstrap/accounts.py), which owns the job's checkpoint directory and
 Launchers: `systemd` (systemd-run; the default wherever systemd is PID 1) and `direct` (double fork and
 setsid; for containers and tests, where systemd is not running). Both run the same supervisor.
 
+A job restarted on a new node set (the job keeper's `start --attempt K`, K > 1) runs again under the same job
+id, checkpoint directory and rendezvous id; on a node that ran an earlier attempt, the previous status is
+kept aside and the job log is appended to (attempts.py, attempt_log.py).
+
 Modules, in dependency order: errors (exit codes, JobError), settings (node config), spec (JobSpec, JobFiles,
-the torchrun argv), logs (the job log to CloudWatch), launch (`start`), control (`status`, `cancel`),
+the torchrun argv), logs (the job log to CloudWatch), attempt_log (where an attempt begins in the job log),
+control (`status`, `cancel`), attempts (a later attempt on a node that ran the job), launch (`start`),
 progress (hang detection from the trainer's step lines), supervise (`supervise`), cli (the argument parser
-and main; __main__ runs it). This package re-exports their
-public names, so `from node_bootstrap import jobs; jobs.JOB_ID_RE` keeps working.
+and main; __main__ runs it). This package re-exports their public names, so `from node_bootstrap import
+jobs; jobs.JOB_ID_RE` keeps working.
 
 Runs on the node's system Python (>= 3.9), standard library only.
 """
 
+from node_bootstrap.jobs.attempt_log import attempt_marker, attempt_part
+from node_bootstrap.jobs.attempts import keep_previous_attempt
 from node_bootstrap.jobs.cli import build_parser, main
 from node_bootstrap.jobs.control import (
     LOG_HEAD_BYTES,
@@ -43,6 +51,7 @@ from node_bootstrap.jobs.control import (
     find_last_event,
     find_last_step,
     find_nccl_network,
+    find_resumed_from_step,
     job_status,
     last_step,
     process_alive,
@@ -51,6 +60,7 @@ from node_bootstrap.jobs.control import (
 )
 from node_bootstrap.jobs.errors import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, JobError
 from node_bootstrap.jobs.launch import (
+    START_LOCK_WAIT_SECONDS,
     START_WAIT_SECONDS,
     give_to,
     job_account,
@@ -59,6 +69,7 @@ from node_bootstrap.jobs.launch import (
     package_parent,
     prepare_job_paths,
     start_job,
+    start_lock,
     supervisor_argv,
     systemd_available,
 )
@@ -71,6 +82,7 @@ from node_bootstrap.jobs.logs import (
 from node_bootstrap.jobs.progress import ProgressWatch
 from node_bootstrap.jobs.settings import DEFAULT_NODE_CONFIG, JobSettings, load_settings, under_root
 from node_bootstrap.jobs.spec import (
+    ATTEMPT_RE,
     CANCEL_AFTER_WAIT_SECONDS,
     CHECKPOINT_DIR_KEY,
     COMMAND_TIMEOUT_SECONDS,
@@ -78,6 +90,7 @@ from node_bootstrap.jobs.spec import (
     CONFIG_RE,
     HOST_RE,
     JOB_ID_RE,
+    MAX_ATTEMPT,
     MAX_CANCEL_TIMEOUT_SECONDS,
     MODULES,
     OVERRIDE_RE,
@@ -92,6 +105,7 @@ from node_bootstrap.jobs.spec import (
     build_torchrun_argv,
     check_not_checkpoint_dir,
     checkpoint_dir,
+    parse_attempt,
     read_json,
     torchrun_shutdown_timeout,
     utc_now,
@@ -102,6 +116,7 @@ from node_bootstrap.jobs.spec import (
 from node_bootstrap.jobs.supervise import Supervisor, build_job_command, exit_code_of
 
 __all__ = [
+    "ATTEMPT_RE",
     "CANCEL_AFTER_WAIT_SECONDS",
     "CHECKPOINT_DIR_KEY",
     "CLOUDWATCH_AGENT_CTL",
@@ -118,11 +133,13 @@ __all__ = [
     "JOB_ID_RE",
     "LOG_HEAD_BYTES",
     "LOG_TAIL_BYTES",
+    "MAX_ATTEMPT",
     "MAX_CANCEL_TIMEOUT_SECONDS",
     "MODULES",
     "NCCL_NETWORK_ALIASES",
     "OVERRIDE_RE",
     "ProgressWatch",
+    "START_LOCK_WAIT_SECONDS",
     "START_WAIT_SECONDS",
     "STATES",
     "STOP_GRACE_SECONDS",
@@ -136,6 +153,8 @@ __all__ = [
     "LogEnds",
     "NcclNetwork",
     "Supervisor",
+    "attempt_marker",
+    "attempt_part",
     "build_cloudwatch_config",
     "build_job_command",
     "build_option_args",
@@ -150,9 +169,11 @@ __all__ = [
     "find_last_event",
     "find_last_step",
     "find_nccl_network",
+    "find_resumed_from_step",
     "give_to",
     "job_account",
     "job_status",
+    "keep_previous_attempt",
     "last_step",
     "launch_direct",
     "launch_systemd",
@@ -160,11 +181,13 @@ __all__ = [
     "main",
     "maybe_ship_job_log",
     "package_parent",
+    "parse_attempt",
     "prepare_job_paths",
     "process_alive",
     "read_json",
     "read_log_ends",
     "start_job",
+    "start_lock",
     "supervisor_argv",
     "systemd_available",
     "torchrun_shutdown_timeout",

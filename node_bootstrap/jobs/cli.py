@@ -12,7 +12,14 @@ from node_bootstrap.jobs.control import cancel_job, job_status
 from node_bootstrap.jobs.errors import EXIT_OK, JobError
 from node_bootstrap.jobs.launch import start_job
 from node_bootstrap.jobs.settings import DEFAULT_NODE_CONFIG, load_settings
-from node_bootstrap.jobs.spec import MODULES, STOP_GRACE_SECONDS, TRAINING_MODULE, JobSpec
+from node_bootstrap.jobs.spec import (
+    MAX_ATTEMPT,
+    MODULES,
+    STOP_GRACE_SECONDS,
+    TRAINING_MODULE,
+    JobSpec,
+    parse_attempt,
+)
 from node_bootstrap.jobs.supervise import Supervisor
 
 
@@ -29,8 +36,17 @@ def build_parser() -> argparse.ArgumentParser:
                         help="node config JSON (default %(default)s)")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    start = sub.add_parser("start", help="launch torchrun detached and return once it runs")
+    start = sub.add_parser(
+        "start", help="launch torchrun detached and return once it runs",
+        description="Launch torchrun detached and return once it runs. A job id this node already has starts "
+        "again only as a later --attempt of a job that ended here: the previous attempt's status is kept as "
+        "status.attempt-<K>.json, the job log is appended to, and the checkpoint directory and rendezvous id "
+        "stay the job's. A start while the job runs here, or of an attempt not greater than the recorded one "
+        "(a repeated delivery), is refused (exit 1).")
     start.add_argument("--job-id", required=True)
+    start.add_argument("--attempt", default="1", metavar="N",
+                       help=f"the job's attempt, an integer 1-{MAX_ATTEMPT}: 1 (default) for its first start, "
+                       "one more for each restart on a new node set")
     start.add_argument("--module", choices=MODULES, default=TRAINING_MODULE,
                        help="what torchrun runs: training (default) or training.commcheck (all_reduce "
                        "bandwidth check)")
@@ -59,8 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
         "systemd is not PID 1 (containers, tests); auto (default): systemd when it runs, else direct",
     )
 
-    status = sub.add_parser("status", help="print the job's state, exit code, last step and loss (a "
-                                "commcheck: its all_reduce busbw), and the network NCCL chose on this node")
+    status = sub.add_parser("status", help="print the job's state, attempt, exit code, last step and loss, the "
+                                "checkpoint step it resumed from (a commcheck: its all_reduce busbw), and the "
+                                "network NCCL chose on this node, all for its current attempt")
     status.add_argument("--job-id", required=True)
 
     cancel = sub.add_parser("cancel", help="SIGTERM (the trainer checkpoints), wait, then kill")
@@ -84,7 +101,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                            gpus_per_node=args.gpus_per_node, rendezvous_host=args.rendezvous_host,
                            max_restarts=args.max_restarts, overrides=tuple(args.overrides.split()),
                            module=args.module, stop_grace_seconds=args.stop_grace_seconds,
-                           resume_from=args.resume_from)
+                           resume_from=args.resume_from, attempt=parse_attempt(args.attempt))
             result = start_job(settings, spec, args.node_config, args.launcher)
         elif args.command == "status":
             result = job_status(settings, args.job_id)

@@ -1,5 +1,6 @@
-"""`status` and `cancel`: read a job's recorded state (and, from its log, the last step, or a commcheck's
-all_reduce bus bandwidth, and the network NCCL chose), and stop it."""
+"""`status` and `cancel`: read a job's recorded state (and, from the current attempt's part of its log, the
+last step, the checkpoint step the trainer resumed from, or a commcheck's all_reduce bus bandwidth, and the
+network NCCL chose), and stop it."""
 
 import json
 import os
@@ -10,6 +11,7 @@ import subprocess
 import time
 from typing import NamedTuple, Optional
 
+from node_bootstrap.jobs.attempt_log import attempt_part
 from node_bootstrap.jobs.errors import EXIT_NOT_FOUND, JobError
 from node_bootstrap.jobs.settings import JobSettings
 from node_bootstrap.jobs.spec import (
@@ -94,6 +96,13 @@ def find_last_step(text: str) -> Optional[dict[str, object]]:
     return find_last_event(text, ("step",))
 
 
+def find_resumed_from_step(text: str) -> Optional[object]:
+    """The checkpoint step of the trainer's last resume line, {"event": "resume", "step": N, "path": ...}
+    (training/metrics.py; step 0 and path null when it started fresh), in `text`; None before it printed one."""
+    event = find_last_event(text, ("resume",))
+    return event.get("step") if event else None
+
+
 def find_busbw(text: str) -> Optional[dict[str, object]]:
     """A commcheck's bus bandwidth from its JSON lines (training/commcheck.py): the summary's busbw at the
     largest size once it is printed, before that the newest size's; None before the first size ends."""
@@ -154,8 +163,16 @@ def job_status(settings: JobSettings, job_id: str) -> dict[str, object]:
         result["state"] = "failed"
         pid = result.get("supervisorPid")
         result["error"] = f"the supervisor (pid {pid}) is gone without recording an end state"
+    # statuses recorded before attempts existed are their job's first
+    attempt = status.get("attempt", 1)
+    result["attempt"] = attempt
     ends = read_log_ends(files.log_path)
+    if ends is not None and isinstance(attempt, int):
+        ends = LogEnds(*attempt_part(ends.head, ends.tail, attempt))
     step = find_last_step(ends.tail) if ends else None
+    # the log's tail while the resume line is in it; after that what the supervisor recorded when it saw it
+    resumed = find_resumed_from_step(ends.tail) if ends else None
+    result["resumedFromStep"] = resumed if resumed is not None else status.get("resumedFromStep")
     result["lastStep"] = step.get("step") if step else None
     result["lastLoss"] = step.get("loss") if step else None
     spec = read_json(files.spec_path) or {}

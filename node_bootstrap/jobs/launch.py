@@ -1,4 +1,6 @@
-"""`start`: write the job's spec file, then launch its supervisor detached and wait until it runs.
+"""`start`: write the job's spec file, then launch its supervisor detached and wait until it runs. One start
+at a time per node (start_lock); on a node that already ran the job, only a later attempt of a job that ended
+there starts (attempts.py).
 
 Launchers: `systemd` (systemd-run; the default wherever systemd is PID 1) and `direct` (double fork and
 setsid; for containers and tests, where systemd is not running). Both run the same supervisor.
@@ -8,13 +10,18 @@ that user the job's checkpoint directory and log file, and the supervisor (root,
 reads and acts on, status.json and job.json, stays root's) starts torchrun as that user.
 """
 
+import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from typing import Optional
 
 from node_bootstrap.accounts import JOB_USER, Account, AccountError, read_account
+from node_bootstrap.jobs.attempts import keep_previous_attempt
 from node_bootstrap.jobs.errors import JobError
 from node_bootstrap.jobs.logs import maybe_ship_job_log
 from node_bootstrap.jobs.settings import JobSettings, under_root
@@ -32,6 +39,8 @@ from node_bootstrap.jobs.spec import (
 )
 
 START_WAIT_SECONDS = 30.0  # how long `start` waits for the supervisor to record the running state
+# how long a `start` waits for another one on the node to finish (that one waits at most START_WAIT_SECONDS)
+START_LOCK_WAIT_SECONDS = START_WAIT_SECONDS + 30.0
 
 
 def systemd_available(root: str) -> bool:
@@ -133,20 +142,51 @@ def prepare_job_paths(settings: JobSettings, spec: JobSpec, files: JobFiles, acc
                        f"{checkpoint_dir(settings, spec.resume_from)} on this node")
 
 
+@contextlib.contextmanager
+def start_lock(jobs_dir: str, wait_seconds: float = START_LOCK_WAIT_SECONDS) -> Iterator[None]:
+    """One `start` at a time on a node, so that two deliveries of the same start (or two starts of one job)
+    cannot both find the job absent or ended and launch two supervisors. flock(2) on the jobs directory
+    itself: no lock file among the job directories, and a lock that dies with the process holding it."""
+    os.makedirs(jobs_dir, exist_ok=True)
+    fd = os.open(jobs_dir, os.O_RDONLY)  # not inherited across exec: the supervisor does not hold it
+    try:
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise JobError(f"another start on this node still holds {jobs_dir} after {wait_seconds:.0f} s; "
+                                   "try again when it has returned") from None
+                time.sleep(0.1)
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)  # also for a copy a forked launcher child may still hold
+        os.close(fd)
+
+
 def start_job(settings: JobSettings, spec: JobSpec, node_config: str, launcher: str = "auto",
               wait_seconds: float = START_WAIT_SECONDS) -> dict[str, object]:
     spec.validate()
+    with start_lock(settings.jobs_dir):
+        return _start_locked(settings, spec, node_config, launcher, wait_seconds)
+
+
+def _start_locked(settings: JobSettings, spec: JobSpec, node_config: str, launcher: str,
+                  wait_seconds: float) -> dict[str, object]:
     files = JobFiles.of(settings, spec.job_id)
-    if os.path.exists(files.job_dir):
-        raise JobError(f"job {spec.job_id} already exists on this node ({files.job_dir})")
+    previous_status = keep_previous_attempt(settings, spec, files)
     if launcher == "auto":
         launcher = "systemd" if systemd_available(settings.root) else "direct"
     account = job_account(settings)
     prepare_job_paths(settings, spec, files, account)
 
-    os.makedirs(files.job_dir)
+    os.makedirs(files.job_dir, exist_ok=previous_status is not None)
     write_json_atomic(files.spec_path, {
         "jobId": spec.job_id,
+        "attempt": spec.attempt,
         "module": spec.module,
         "argv": build_torchrun_argv(settings, spec),
         "cwd": settings.bundle_dir,
@@ -167,24 +207,30 @@ def start_job(settings: JobSettings, spec: JobSpec, node_config: str, launcher: 
         else:
             launch_direct(files, argv)
     except (JobError, OSError, subprocess.TimeoutExpired) as e:
-        write_json_atomic(files.status_path, {"jobId": spec.job_id, "state": "failed", "exitCode": None,
-                                              "startedAt": utc_now(), "endedAt": utc_now(), "pid": None,
-                                              "launcher": launcher, "error": f"launch failed: {e}"})
+        write_json_atomic(files.status_path, {"jobId": spec.job_id, "attempt": spec.attempt, "state": "failed",
+                                              "exitCode": None, "startedAt": utc_now(), "endedAt": utc_now(),
+                                              "pid": None, "launcher": launcher, "error": f"launch failed: {e}"})
         raise JobError(f"job {spec.job_id}: launch failed: {e}") from None
 
+    def recorded() -> Optional[dict[str, object]]:
+        """This attempt's status; None while status.json is absent or still the previous attempt's."""
+        status = read_json(files.status_path)
+        return status if status is not None and status.get("attempt", 1) == spec.attempt else None
+
     deadline = time.monotonic() + wait_seconds
-    status = read_json(files.status_path)
+    status = recorded()
     # Wait until the child runs (pid recorded) or the job has already ended.
     while (status is None or status.get("state") == "running" and status.get("pid") is None) and (
             time.monotonic() < deadline):
         time.sleep(0.1)
-        status = read_json(files.status_path)
+        status = recorded()
     if status is None:
         raise JobError("the supervisor did not record the job within {:.0f} s; see {}".format(
             wait_seconds, "journalctl -u " + files.unit if launcher == "systemd" else files.supervisor_log))
     result = dict(status)
     result["cloudwatch"] = cloudwatch
     result["logPath"] = files.log_path
+    result["previousStatusPath"] = previous_status  # where the previous attempt's status was kept; None: none
     if status.get("state") == "failed":
         raise JobError("job {} failed to start: {}".format(spec.job_id, status.get("error") or result))
     return result

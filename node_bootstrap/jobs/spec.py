@@ -37,6 +37,10 @@ JOB_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{2,62}$")
 CONFIG_RE = re.compile(r"^[A-Za-z0-9_./-]+\.toml$")
 HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]{0,252}$")
 OVERRIDE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.]*=[A-Za-z0-9_.:/+,@%-]*$")
+# A job's attempt: 1 for the submit, one more for each restart on a new node set (the job keeper's). The
+# document's `attempt` parameter takes the same values.
+MAX_ATTEMPT = 1000
+ATTEMPT_RE = re.compile(r"^(?:[1-9][0-9]{0,2}|1000)$")
 
 # What torchrun runs (`-m MODULE`): the trainer, or the all_reduce bandwidth check (training/commcheck.py).
 TRAINING_MODULE = "training"
@@ -69,6 +73,9 @@ class JobSpec:
     # training: another job whose checkpoints this one starts from when its own directory has none (the
     # operator's explicit choice to load what that job's directory holds); "" = only its own
     resume_from: str = ""
+    # 1 for the job's first start; a later attempt restarts the job under the same id, checkpoint directory
+    # and rendezvous id (attempts.py)
+    attempt: int = 1
 
     def validate(self) -> None:
         validate_job_id(self.job_id)
@@ -86,6 +93,7 @@ class JobSpec:
             ("rendezvous-host", self.rendezvous_host, bool(HOST_RE.fullmatch(self.rendezvous_host)),
              "an IP address or host name"),
             ("max-restarts", self.max_restarts, 0 <= self.max_restarts <= 100, "0-100"),
+            ("attempt", self.attempt, 1 <= self.attempt <= MAX_ATTEMPT, f"an integer 1-{MAX_ATTEMPT}"),
             ("stop-grace-seconds", self.stop_grace_seconds,
              TORCHRUN_EXIT_SECONDS < self.stop_grace_seconds <= 3600, f"{TORCHRUN_EXIT_SECONDS + 1}-3600"),
         ]
@@ -118,6 +126,13 @@ def check_not_checkpoint_dir(item: str) -> None:
         raise JobError(f"overrides item {item!r}: not allowed: a job's checkpoints go to <checkpoint root>/<job "
                        "id>; to start from another job's checkpoints, resume from that job (clusterctl submit "
                        "--resume-from JOB)", EXIT_USAGE)
+
+
+def parse_attempt(text: str) -> int:
+    """`start --attempt`: a decimal integer 1-MAX_ATTEMPT, or one line saying what is allowed."""
+    if not ATTEMPT_RE.fullmatch(text):
+        raise JobError(f"attempt={text!r}: allowed: an integer 1-{MAX_ATTEMPT}", EXIT_USAGE)
+    return int(text)
 
 
 def validate_cancel_timeout(timeout_seconds: float) -> None:
@@ -161,6 +176,12 @@ class JobFiles:
             log_path=os.path.join(settings.job_log_dir, job_id + ".log"),
             unit=UNIT_PREFIX + job_id,
         )
+
+    def kept_aside(self, path: str, attempt: int) -> str:
+        """Where a later attempt's `start` keeps attempt `attempt`'s copy of `path` (status.json ->
+        status.attempt-1.json): next to it, in the job's directory."""
+        stem, ext = os.path.splitext(os.path.basename(path))
+        return os.path.join(self.job_dir, f"{stem}.attempt-{attempt}{ext}")
 
 
 def write_json_atomic(path: str, data: dict[str, object]) -> None:

@@ -17,7 +17,8 @@ import threading
 import time
 from typing import BinaryIO, Callable, Optional
 
-from node_bootstrap.jobs.control import descendants
+from node_bootstrap.jobs.attempt_log import attempt_marker
+from node_bootstrap.jobs.control import descendants, find_last_event
 from node_bootstrap.jobs.errors import EXIT_FAILED, EXIT_NOT_FOUND, JobError
 from node_bootstrap.jobs.progress import ProgressWatch
 from node_bootstrap.jobs.settings import JobSettings
@@ -29,6 +30,8 @@ from node_bootstrap.jobs.spec import (
     utc_now,
     write_json_atomic,
 )
+
+_RESUME_HINT = b'"resume"'  # cheap test before a line is parsed as the trainer's resume line
 
 
 def build_job_command(env_file: str, argv: list[str]) -> list[str]:
@@ -82,8 +85,11 @@ class Supervisor:
         self.watch = ProgressWatch(settings.hang_timeout_s, settings.start_timeout_s) if watched else None
         self.hung: Optional[str] = None  # why the job was declared hung
         self._log_lock = threading.Lock()  # the output thread and the watchdog both write the job log
+        self.attempt = int(spec.get("attempt", 1))  # type: ignore[call-overload]  # 1: a job.json before attempts
         self.status: dict[str, object] = {
             "jobId": job_id,
+            "attempt": self.attempt,
+            "resumedFromStep": None,  # the trainer's resume line, once it prints one (_observe)
             "state": "running",
             "exitCode": None,
             "startedAt": utc_now(),
@@ -134,8 +140,8 @@ class Supervisor:
             env.update(HOME=home, USER=name, LOGNAME=name)
         command = build_job_command(str(self.spec["envFile"]), argv)
         with open(str(self.spec["logPath"]), "ab") as log:
-            log.write(("[node_bootstrap.jobs] {} start on {}: {}\n".format(
-                utc_now(), self.status["hostname"], " ".join(argv))).encode())
+            # where this attempt begins in a log the job's attempts share (status reads only what follows)
+            log.write(attempt_marker(self.attempt, utc_now(), str(self.status["hostname"]), argv).encode())
             log.flush()
             try:
                 # the job runs as the job user: setgroups, setgid, setuid in the child before exec
@@ -156,7 +162,7 @@ class Supervisor:
                 watchdog = threading.Thread(target=self._watch_progress, args=(self.child, log),
                                             name="progress-watch", daemon=True)
                 watchdog.start()
-            self._tee(self.child, log, self.watch.observe if self.watch is not None else None)
+            self._tee(self.child, log, self._observe)
             returncode = self.child.wait()
             if watchdog is not None:  # a hung job's stop may still be killing what the job started
                 watchdog.join(timeout=self.stop_grace_s + 10)
@@ -174,6 +180,18 @@ class Supervisor:
         if self.terminate_requested:
             return self._finish("cancelled", exit_code, signal=signal_name)
         return self._finish("succeeded" if exit_code == 0 else "failed", exit_code, signal=signal_name)
+
+    def _observe(self, line: bytes) -> None:
+        """Each line of the job's output: progress for the hang watch, and the trainer's resume line, recorded
+        in the status as it comes (the line is printed once per start of the trainer, so on a long run it
+        leaves the log tail that `status` reads)."""
+        if self.watch is not None:
+            self.watch.observe(line)
+        if _RESUME_HINT in line:
+            event = find_last_event(line.decode("utf-8", "replace"), ("resume",))
+            if event is not None:
+                self.status["resumedFromStep"] = event.get("step")
+                write_json_atomic(self.files.status_path, self.status)
 
     def _log_line(self, log: BinaryIO, text: str) -> None:
         with self._log_lock:
