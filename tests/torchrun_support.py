@@ -36,6 +36,12 @@ class Run:
                 if line.startswith("{") and '"event": "step"' in line]
 
     @property
+    def resumes(self) -> list[dict]:
+        """The trainer's resume lines: where each start of the trainer began (training.metrics.log_resume)."""
+        return [json.loads(line) for line in self.output.splitlines()
+                if line.startswith("{") and '"event": "resume"' in line]
+
+    @property
     def losses(self) -> dict[int, float]:
         return {s["step"]: s["loss"] for s in self.steps}
 
@@ -75,7 +81,7 @@ def torchrun_and_signal(overrides: list[str], *, sig: int, after_step: int, resu
         deadline = time.monotonic() + RUN_TIMEOUT_S
         for line in proc.stdout:
             lines.append(line)
-            if line.startswith("{") and json.loads(line).get("step", 0) >= after_step:
+            if line.startswith('{"event": "step"') and json.loads(line)["step"] >= after_step:
                 os.kill(worker_pid(proc.pid, rank=1), sig)
                 break
             assert time.monotonic() < deadline, "".join(lines)

@@ -272,7 +272,8 @@ def _is_int_at_least(value: object, *, minimum: int) -> bool:
 class MetricsConfig:
     """The ``[metrics]`` section. How often to log is ``run.log_interval_steps``."""
 
-    json_lines: bool = True  # one JSON object per logged step on rank 0's stdout (the jobs launcher reads it)
+    # JSON lines on rank 0's stdout, which the jobs launcher reads: one per logged step, and the resume line
+    json_lines: bool = True
     progress: bool = True  # a short human-readable progress line per logged step on rank 0's stderr
     nvml: bool = True  # add GPU utilization, temperature, power and clocks through NVML when available
     cloudwatch: bool = False  # publish step metrics from rank 0 with CloudWatch PutMetricData (needs boto3)

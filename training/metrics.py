@@ -5,6 +5,10 @@ The JSON line is the trainer's progress contract with the jobs launcher (docs/ar
 of every other node prints a short ``{"event": "step", "step": N, "rank": R}`` at the same steps, so the job
 supervisor on each node sees progress in its own node's log (its hang detection reads these lines).
 
+Before the first step, one resume line says where the run started (``log_resume``):
+``{"event": "resume", "step": N, "path": "..."}``, the checkpoint's step and directory, or step 0 and path
+null for a fresh start; the launcher's status reports it as ``resumedFromStep``.
+
 On the cluster, rank 0 also writes the step record in CloudWatch Embedded Metric Format (EMF) to stderr: the
 job log, which the CloudWatch agent already ships, so CloudWatch Logs turns it into metrics with no API call
 from the training loop (CloudWatch User Guide, "Specification: Embedded metric format"; the agent marks a
@@ -211,6 +215,23 @@ def build_emf_record(record: dict[str, Any], *, namespace: str, cluster: str, jo
                            "Metrics": [{"Name": n, "Unit": units[n]} for n in cluster_metrics]})
     return {"_aws": {"Timestamp": timestamp_ms, "CloudWatchMetrics": directives},
             "Cluster": cluster, "JobId": job_id, **values}
+
+
+def log_resume(cfg: MetricsConfig, *, rank: int, local_rank: int, step: int, path: str | os.PathLike[str] | None,
+               stdout: TextIO | None = None) -> None:
+    """The resume line, printed right after the run resumed from the checkpoint at ``path`` (``step`` its
+    completed steps) or decided to start fresh (step 0, path None). Global rank 0 prints it, and local rank 0
+    of every other node with its ``rank`` as the step lines do, so the status on every node of the job says
+    which step this attempt started from (the job keeper's steps lost to a restart: the step reached minus
+    this one). Every rank agreed on the checkpoint (train._agree_on_resume), so the nodes print the same."""
+    if not cfg.json_lines or local_rank != 0:
+        return
+    record: dict[str, Any] = {"event": "resume", "step": step, "path": None if path is None else str(path)}
+    if rank != 0:
+        record["rank"] = rank
+    out = stdout or sys.stdout
+    out.write(json.dumps(record) + "\n")
+    out.flush()
 
 
 class MetricsLogger:

@@ -30,7 +30,7 @@ from training.errors import ConfigError
 from training.faults import StopRequest
 from training.fp8 import Fp8Backend, build_fp8_backend, te_unverified_combinations
 from training.hardware import peak_bf16_tflops_per_gpu
-from training.metrics import MetricsLogger, ThroughputModel
+from training.metrics import MetricsLogger, ThroughputModel, log_resume
 from training.model import ModelConfig, Transformer, flops_per_token, num_params
 from training.optim import apply_lr, build_optimizer, lr_at
 from training.parallelize import (
@@ -94,7 +94,7 @@ def _train_in_group(cfg: TrainConfig, resume: str, stop: StopRequest, dist_info:
     # 9) optimizer (FP8 backends that keep scales per weight update them after each step, below)
     optimizer = build_optimizer(model, cfg.optim)
 
-    # 10) resume: rank 0 picks the checkpoint, every rank loads its shards of it
+    # 10) resume: rank 0 picks the checkpoint, every rank loads its shards of it; the resume line says which
     checkpointer = Checkpointer(cfg.checkpoint, rank=dist_info.rank, world_size=dist_info.world_size,
                                 config_snapshot=cfg.to_dict())
     start_step = 0
@@ -104,6 +104,8 @@ def _train_in_group(cfg: TrainConfig, resume: str, stop: StopRequest, dist_info:
         # what the straight run derived from these weights after the step that produced them (torchao's
         # precomputed FP8 all-gather scales), derived again, so the next step runs the same code path
         fp8.post_optimizer_step(model)
+    log_resume(cfg.metrics, rank=dist_info.rank, local_rank=dist_info.local_rank, step=start_step,
+               path=resume_path)
 
     # 11) the loop
     try:

@@ -6,6 +6,7 @@ import io
 import json
 import logging
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import boto3
 import pytest
@@ -20,6 +21,7 @@ from training.metrics import (
     MetricsConfig,
     MetricsLogger,
     ThroughputModel,
+    log_resume,
     summarize_ranks,
     throughput,
 )
@@ -197,3 +199,26 @@ def test_local_rank_0_of_every_other_node_prints_a_short_step_line_for_its_super
     assert lines[(9, 1)] == ("", "")
     from node_bootstrap.jobs import find_last_step
     assert find_last_step("[rank8]:" + lines[(8, 0)][0]) == {"event": "step", "step": 40, "rank": 8}
+
+
+def test_the_resume_line_says_where_the_run_started_on_every_nodes_first_rank():
+    """Printed once after the resume decision; the jobs launcher's status reads it as resumedFromStep."""
+    from node_bootstrap.jobs import find_resumed_from_step
+
+    def printed(rank, local_rank, step, path, cfg=None):
+        out = io.StringIO()
+        log_resume(cfg or MetricsConfig(), rank=rank, local_rank=local_rank, step=step, path=path, stdout=out)
+        return out.getvalue()
+
+    resumed = printed(0, 0, 1200, Path("/fsx/checkpoints/j-1/step-1200"))
+    assert resumed == '{"event": "resume", "step": 1200, "path": "/fsx/checkpoints/j-1/step-1200"}\n'
+    assert printed(0, 0, 0, None) == '{"event": "resume", "step": 0, "path": null}\n'  # a fresh start
+    # the first local rank of another node says the same, with its rank; the other ranks say nothing
+    assert json.loads(printed(8, 0, 1200, "/fsx/checkpoints/j-1/step-1200")) == {
+        "event": "resume", "step": 1200, "path": "/fsx/checkpoints/j-1/step-1200", "rank": 8}
+    assert printed(9, 1, 1200, "/x") == printed(1, 1, 1200, "/x") == ""
+    assert printed(0, 0, 5, "/x", MetricsConfig(json_lines=False)) == ""  # no JSON lines asked for
+    # the node's parser, under torchrun's line prefix, after step lines of an earlier start of the trainer
+    log = '{"event": "resume", "step": 0, "path": null}\n{"event": "step", "step": 1100, "loss": 2.0}\n'
+    assert find_resumed_from_step(log + "[rank0]:" + resumed) == 1200
+    assert find_resumed_from_step(log) == 0 and find_resumed_from_step('{"event": "step", "step": 3}') is None

@@ -96,8 +96,10 @@ def test_the_embedded_default_trains_as_one_process_without_torchrun(tmp_path):
     proc = run_cli("--set", "run.steps=20", "--set", "run.log_interval_steps=10",
                    "--set", f"checkpoint.dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr
-    records = [json.loads(line) for line in proc.stdout.splitlines()]
-    assert [r["step"] for r in records] == [1, 10, 20]
+    resume, *records = [json.loads(line) for line in proc.stdout.splitlines()]
+    # first the resume line (the jobs launcher's resumedFromStep): an empty checkpoint.dir, a fresh start
+    assert resume == {"event": "resume", "step": 0, "path": None}
+    assert [r["step"] for r in records] == [1, 10, 20] and {r["event"] for r in records} == {"step"}
     assert records[-1]["loss"] < records[0]["loss"]
     assert (tmp_path / "step-20" / "train_state.json").is_file()
 
@@ -116,6 +118,7 @@ def test_the_default_config_trains_on_byte_shards_from_prepare(tmp_path):
     proc = run_cli("--set", "data.source=shards", "--set", f"data.path={shards}", "--set", "run.steps=10",
                    "--set", "run.log_interval_steps=10")
     assert proc.returncode == 0, proc.stderr  # the tiny preset's vocabulary (320) holds the byte ids (257)
-    records = [json.loads(line) for line in proc.stdout.splitlines()]
-    assert [r["step"] for r in records] == [1, 10]
+    resume, *records = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert resume == {"event": "resume", "step": 0, "path": None}
+    assert [(r["event"], r["step"]) for r in records] == [("step", 1), ("step", 10)]
     assert records[-1]["loss"] < records[0]["loss"]
