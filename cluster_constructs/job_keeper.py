@@ -153,6 +153,11 @@ class JobKeeper(Construct):
             max_event_age=Duration.minutes(15),
         )
 
+        # CDK makes a function depend on its role and the role's policy, so the permissions exist before the
+        # first run; the dependency on the role is also implied by the Role GetAtt (cfn-lint W3005). It is CDK's
+        # wiring, and harmless.
+        self.function.node.default_child.add_metadata("cfn-lint", {"config": {"ignore_checks": ["W3005"]}})
+
         target = self.function
         self.rules: dict[str, events.Rule] = {
             # Every minute: the keeper's heartbeat; a missed event costs at most this long.

@@ -52,6 +52,40 @@ CHECKOV_EXCEPTIONS: dict[str, list[tuple[str, str]]] = {
             "cloudwatch:PutMetricData, limited by a namespace condition; stacks/nag_suppressions.py lists them.",
         )
     ],
+    "JobKeeper/LogGroup": [
+        (
+            "CKV_AWS_158",
+            "The job keeper's log group, encrypted at rest by CloudWatch Logs; a customer managed key would have to "
+            "outlive the retained group, and the logs hold the keeper's decisions (job ids, instance ids, reasons), "
+            "no secrets.",
+        )
+    ],
+    "JobKeeper/Table": [
+        (
+            "CKV_AWS_119",
+            "The job table is encrypted at rest with the AWS managed key (aws/dynamodb). It holds job records "
+            "(config text, node ids, steps, reasons), no secrets; a customer managed key would have to outlive "
+            "the retained table and adds key policy upkeep for every reader.",
+        )
+    ],
+    "JobKeeper/Function": [
+        (
+            "CKV_AWS_116",
+            "The job keeper is level-triggered: a failed run is redone by the next one-minute tick from the "
+            "world as it is then, so a dead-letter queue would only collect stale events. Its errors are in its "
+            "log group.",
+        ),
+        (
+            "CKV_AWS_117",
+            "The job keeper calls only AWS APIs (DynamoDB, SSM, EC2, Auto Scaling, SNS) and reaches no resource "
+            "inside the VPC; in the VPC it would need NAT or more endpoints for the same calls.",
+        ),
+        (
+            "CKV_AWS_173",
+            "The keeper's environment holds resource names and ARNs (table, document, group, topic), no secrets; "
+            "Lambda encrypts it at rest with the AWS managed key.",
+        ),
+    ],
     _RESTRICT_DEFAULT_SG_HANDLER: [
         (
             "CKV_AWS_116",

@@ -103,6 +103,43 @@ def _operator_policy_suppressions(stack: Stack) -> None:
     )
 
 
+def _job_keeper_suppressions(stack: Stack) -> None:
+    NagSuppressions.add_resource_suppressions_by_path(
+        stack,
+        f"/{stack.stack_name}/JobKeeper/Role/DefaultPolicy/Resource",
+        [
+            NagPackSuppression(
+                id="AwsSolutions-IAM5",
+                reason="Resource * for read-only actions that take no resource ARN: ssm:GetCommandInvocation and "
+                "ListCommands (the results of any command in the account and Region), "
+                "autoscaling:DescribeAutoScalingGroups, ec2:DescribeInstances and "
+                "ec2:DescribeCapacityReservations. The keeper's writes are all on named resources.",
+                applies_to=["Resource::*"],
+            ),
+            NagPackSuppression(
+                id="AwsSolutions-IAM5",
+                reason="ssm:SendCommand to any instance whose aws:autoscaling:groupName tag is this cluster's group "
+                "(condition), and only with this stack's jobs document (a separate statement): the keeper stops "
+                "and restarts jobs on the cluster's nodes, whose ids change as nodes are replaced.",
+                applies_to=[RegexAppliesTo(regex=r"/^Resource::arn:[^:]+:ec2:.*:instance\/\*$/")],
+            ),
+        ],
+    )
+    NagSuppressions.add_resource_suppressions_by_path(
+        stack,
+        f"/{stack.stack_name}/JobKeeper/Function/Resource",
+        [
+            NagPackSuppression(
+                id="AwsSolutions-L1",
+                reason="The keeper's runtime is pinned to Python 3.13 (supported by Lambda until 2029) on purpose: "
+                "it is part of the code's contract and moves by a reviewed change, not whenever aws-cdk-lib "
+                "learns of a newer runtime.",
+            ),
+        ],
+    )
+
+
 def apply_nag_suppressions(stack: Stack) -> None:
     _node_role_suppressions(stack)
     _operator_policy_suppressions(stack)
+    _job_keeper_suppressions(stack)

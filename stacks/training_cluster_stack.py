@@ -1,8 +1,8 @@
 """TrainingClusterStack: wires the cluster's constructs together; every decision lives in a construct.
 
 Build order: observability (log group, alarm topic) -> network -> capacity -> storage -> the node bundle and
-user-data -> nodes -> jobs document -> alarms -> dashboard -> outputs -> cdk-nag suppressions and checkov
-exceptions.
+user-data -> nodes -> jobs document -> job keeper (table, function, rules) -> alarms -> dashboard -> outputs ->
+cdk-nag suppressions and checkov exceptions.
 """
 
 from __future__ import annotations
@@ -13,13 +13,15 @@ from pathlib import Path
 from aws_cdk import Aws, CfnOutput, Fn, Stack, Tags
 from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
-from cluster_constructs.bundle import REPO_ROOT, stage_bundle
+from cluster_constructs.bundle import REPO_ROOT, stage_bundle, stage_keeper_code
 from cluster_constructs.capacity import CapacityTarget
 from cluster_constructs.compute import NodeGroup
 from cluster_constructs.dashboard import ClusterDashboard
+from cluster_constructs.job_keeper import JobKeeper
 from cluster_constructs.jobs import JobRunner
 from cluster_constructs.network import ClusterNetwork
 from cluster_constructs.node_config import BUNDLE_DIR, render_node_config
@@ -141,6 +143,24 @@ class TrainingClusterStack(Stack):
             auto_scaling_group_name=group_name,
             bundle_dir=BUNDLE_DIR,
         )
+        # The keeper's code asset is staged like the node bundle; the function binds it (and CDK copies it into
+        # cdk.out) as it is constructed, inside the block.
+        with tempfile.TemporaryDirectory(prefix="keeper-code-") as staging:
+            keeper = JobKeeper(
+                self,
+                "JobKeeper",
+                code=lambda_.Code.from_asset(str(stage_keeper_code(Path(staging) / "keeper"))),
+                auto_scaling_group_name=group_name,
+                job_document_name=jobs.document_name,
+                alarm_topic=observability.alarm_topic,
+                instance_type=compute.instance_type.name,
+                capacity_mode=capacity_settings.mode,
+                capacity_reservation_id=capacity.reservation_id,
+                log_retention=retention_days(settings.observability.log_retention_days),
+                # next to the job logs: /training-cluster/<stack name>/<stack id's UUID>/job-keeper
+                log_group_name=f"{unique_log_group_name(construct_id)}/job-keeper",
+            )
+        jobs.allow_job_table(keeper.table.table_arn)
         observability.add_node_alarm(auto_scaling_group_name=group_name)
         observability.add_protected_mode_alarm(auto_scaling_group_name=group_name)
         if settings.health.monitor_enabled:
@@ -181,6 +201,9 @@ class TrainingClusterStack(Stack):
             "LaunchTemplateId": nodes.launch_template.ref,
             "LogGroupName": observability.log_group.log_group_name,
             "JobDocumentName": jobs.document_name,
+            "JobTableName": keeper.table.table_name,
+            "MaxJobRestarts": str(settings.job_keeper.max_job_restarts),
+            "JobKeeperLogGroupName": keeper.log_group.log_group_name,
             "OperatorPolicyArn": jobs.operator_policy.managed_policy_arn,
             "AlarmTopicArn": observability.alarm_topic.topic_arn,
             "DashboardName": dashboard.dashboard_name,

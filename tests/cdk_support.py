@@ -93,7 +93,8 @@ STACK_VARIANTS: dict[str, dict[str, str]] = {
         "availabilityZone": "us-west-2b",
     },
     "p6-b200-efa-fsx": {"instanceType": "p6-b200.48xlarge", "nodeCount": "1", "fsxEfaEnabled": "true",
-                        "idleGpuAlarm": "false", "stragglerAlarm": "false", "efaErrorAlarm": "false"},
+                        "idleGpuAlarm": "false", "stragglerAlarm": "false", "efaErrorAlarm": "false",
+                        "maxJobRestarts": "0"},
 }
 
 

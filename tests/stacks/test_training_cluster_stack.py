@@ -21,6 +21,9 @@ OUTPUT_KEYS = {
     "LaunchTemplateId",
     "LogGroupName",
     "JobDocumentName",
+    "JobTableName",
+    "MaxJobRestarts",
+    "JobKeeperLogGroupName",
     "OperatorPolicyArn",
     "AlarmTopicArn",
     "DashboardName",
@@ -68,6 +71,78 @@ def test_outputs_for_clusterctl(synth, variant):
     assert outputs["NodeCount"]["Value"] == str(stack.settings.compute.node_count)
     assert outputs["CapacityMode"]["Value"] == stack.settings.capacity.mode.value
     assert set(outputs["AutoScalingGroupName"]["Value"]) == {"Ref"}  # the group's name, resolved at deploy
+
+
+def _keeper_rules(stack) -> dict[str, dict]:
+    """The job keeper's EventBridge rules by the name their logical id starts with."""
+    return {k: r["Properties"] for k, r in stack.resources("AWS::Events::Rule").items() if k.startswith("JobKeeper")}
+
+
+@pytest.mark.parametrize("variant", ["default-p5-on-demand", "odcr-created", "capacity-block-p5en"])
+def test_the_job_keeper_is_wired_to_this_clusters_table_document_group_and_topic(synth, variant):
+    stack = synth(variant)
+    resources, outputs = stack.template_json["Resources"], stack.template_json["Outputs"]
+    (table_id,) = stack.resources("AWS::DynamoDB::Table")
+    (document_id,) = stack.resources("AWS::SSM::Document")
+    (topic_id,) = stack.resources("AWS::SNS::Topic")
+    assert outputs["JobTableName"]["Value"] == {"Ref": table_id}
+    assert outputs["MaxJobRestarts"]["Value"] == "5"  # cdk.json's default, as text (these variants keep it)
+    (keeper_logs,) = [k for k in stack.resources("AWS::Logs::LogGroup") if k.startswith("JobKeeper")]
+    assert outputs["JobKeeperLogGroupName"]["Value"] == {"Ref": keeper_logs}
+    (function,) = [r["Properties"] for k, r in stack.resources("AWS::Lambda::Function").items()
+                   if k.startswith("JobKeeper")]
+    env = function["Environment"]["Variables"]
+    group = "TrainingClusterStack-nodes"
+    (asg,) = stack.resources("AWS::AutoScaling::AutoScalingGroup").values()
+    assert asg["Properties"]["AutoScalingGroupName"] == group  # the name the rules and conditions use
+    reservation = outputs.get("CapacityReservationId", {}).get("Value", "")
+    assert env == {
+        "JOB_TABLE_NAME": {"Ref": table_id},
+        "JOB_DOCUMENT_NAME": {"Ref": document_id},
+        "AUTO_SCALING_GROUP_NAME": group,
+        "ALARM_TOPIC_ARN": {"Ref": topic_id},
+        "STACK_NAME": "TrainingClusterStack",
+        "INSTANCE_TYPE": stack.settings.compute.instance_type.name,
+        "CAPACITY_MODE": stack.settings.capacity.mode.value,
+        "CAPACITY_RESERVATION_ID": reservation,  # a created reservation's Ref, or ""
+    }
+    if variant == "odcr-created":
+        (reservation_id,) = stack.resources("AWS::EC2::CapacityReservation")
+        assert env["CAPACITY_RESERVATION_ID"] == {"Ref": reservation_id}
+    # its role sends the jobs document only, on the group's nodes only, and uses the alarm topic's key
+    (policy,) = [r["Properties"] for k, r in stack.resources("AWS::IAM::Policy").items()
+                 if k.startswith("JobKeeperRole")]
+    statements = {s["Sid"]: s for s in policy["PolicyDocument"]["Statement"]}
+    assert statements["SendJobDocument"]["Resource"]["Fn::Join"][1][-1] == {"Ref": document_id}
+    assert statements["SendToClusterNodes"]["Condition"] == {
+        "StringEquals": {"ssm:resourceTag/aws:autoscaling:groupName": group}}
+    assert statements["JobRecords"]["Resource"] == {"Fn::GetAtt": [table_id, "Arn"]}
+    (key_id,) = stack.resources("AWS::KMS::Key")
+    assert statements["UseAlarmTopicKey"]["Resource"] == {"Fn::GetAtt": [key_id, "Arn"]}
+    assert resources[topic_id]["Properties"]["KmsMasterKeyId"] == {"Fn::GetAtt": [key_id, "Arn"]}
+    # the operators' policy reads and writes the same table
+    (operator,) = stack.resources("AWS::IAM::ManagedPolicy").values()
+    (records,) = [s for s in operator["Properties"]["PolicyDocument"]["Statement"] if s.get("Sid") == "JobRecords"]
+    assert records["Resource"] == {"Fn::GetAtt": [table_id, "Arn"]}
+    assert sorted(records["Action"]) == sorted(statements["JobRecords"]["Action"])
+
+
+def test_only_a_capacity_block_cluster_hears_the_blocks_expiration_warning(synth):
+    on_demand = _keeper_rules(synth("default-p5-on-demand"))
+    block = _keeper_rules(synth("capacity-block-p5en"))
+    assert len(on_demand) == 2 and len(block) == 3
+    assert not [r for r in on_demand.values() if r.get("EventPattern", {}).get("source") == ["aws.ec2"]]
+    (warning,) = [r for r in block.values() if r.get("EventPattern", {}).get("source") == ["aws.ec2"]]
+    assert "Capacity Block Expiration Warning" in warning["EventPattern"]["detail-type"]
+    for rules in (on_demand, block):
+        assert [r["ScheduleExpression"] for r in rules.values() if "ScheduleExpression" in r] == ["rate(1 minute)"]
+        (group,) = [r for r in rules.values() if r.get("EventPattern", {}).get("source") == ["aws.autoscaling"]]
+        assert group["EventPattern"]["detail"] == {"AutoScalingGroupName": ["TrainingClusterStack-nodes"]}
+
+
+def test_max_job_restarts_reaches_the_output(synth):
+    # p6-b200-efa-fsx sets maxJobRestarts=0 (the keeper never restarts a job there)
+    assert synth("p6-b200-efa-fsx").template_json["Outputs"]["MaxJobRestarts"]["Value"] == "0"
 
 
 def _strings(value):
@@ -190,17 +265,18 @@ def test_retained_resources_never_take_a_fixed_name(synth, variant):
         name = resource["Properties"].get(name_property)
         # either CloudFormation names it, or the name carries the stack id, new for every creation of the stack
         assert name is None or "AWS::StackId" in json.dumps(name), (logical_id, name)
-    (group,) = [
-        r for r in resources.values() if r["Type"] == "AWS::Logs::LogGroup" and r.get("DeletionPolicy") == "Retain"
-    ]
+    retained_groups = {
+        k: r for k, r in resources.items() if r["Type"] == "AWS::Logs::LogGroup" and r.get("DeletionPolicy") == "Retain"
+    }
+    assert len(retained_groups) == 2  # the job logs and the job keeper's
+    stack_uuid = {"Fn::Select": [2, {"Fn::Split": ["/", {"Ref": "AWS::StackId"}]}]}
+    (group,) = [r for k, r in retained_groups.items() if k.startswith("Observability")]
     assert group["Properties"]["LogGroupName"] == {
-        "Fn::Join": [
-            "",
-            [
-                "/training-cluster/TrainingClusterStack/",
-                {"Fn::Select": [2, {"Fn::Split": ["/", {"Ref": "AWS::StackId"}]}]},
-            ],
-        ]
+        "Fn::Join": ["", ["/training-cluster/TrainingClusterStack/", stack_uuid]]
+    }
+    (keeper,) = [r for k, r in retained_groups.items() if k.startswith("JobKeeper")]
+    assert keeper["Properties"]["LogGroupName"] == {
+        "Fn::Join": ["", ["/training-cluster/TrainingClusterStack/", stack_uuid, "/job-keeper"]]
     }
 
 
