@@ -17,16 +17,9 @@ JOB_TABLE_ARN = "arn:aws:dynamodb:us-east-1:111122223333:table/TrainingClusterSt
 
 
 def parse_node_args(argv):
-    """node_bootstrap.jobs' parser on the argv the script hands it. `start --attempt N` is the node side's part
-    of issue 10 (written on another branch): until this checkout's parser knows it, the pair must still be there,
-    once, and the rest must parse."""
-    parser = node_jobs.build_parser()
-    args, unknown = parser.parse_known_args(argv)
-    if args.command == "start" and not hasattr(args, "attempt"):
-        assert unknown == ["--attempt", argv[argv.index("--attempt") + 1]], unknown
-        args.attempt = int(unknown[1])
-    else:
-        assert unknown == [], unknown
+    """node_bootstrap.jobs' own parser on the argv the script hands it: nothing is left over."""
+    args, unknown = node_jobs.build_parser().parse_known_args(argv)
+    assert unknown == [], unknown
     return args
 
 
@@ -169,7 +162,7 @@ def test_script_passes_every_parameter_to_the_node_launcher(built, tmp_path):
               "resumeFrom": "j-20261119-101500-0a0b", "attempt": "3"}
     start = parse_node_args(run_script(tmp_path, values, lines)[0])
     assert (start.command, start.job_id, start.module, start.config, start.nodes, start.gpus_per_node,
-            start.rendezvous_host, start.max_restarts, start.overrides, start.resume_from, start.attempt) == (
+            start.rendezvous_host, start.max_restarts, start.overrides, start.resume_from, int(start.attempt)) == (
         "start", "j-20261120-231502-ab12", "training", "training/configs/tiny.toml", 4, 8, "10.0.1.17", 2,
         "optim.lr=3e-4 train.steps=10", "j-20261119-101500-0a0b", 3)
     status = parse_node_args(run_script(tmp_path, {**values, "action": "status"}, lines)[0])
@@ -203,7 +196,7 @@ def test_script_starts_a_commcheck_without_a_config(tmp_path):
               "nodes": "2", "rendezvousHost": "10.0.1.17", "maxRestarts": "0",
               "overrides": "sizes_mib=64,1024 min_busbw_gbps=350.0"}
     start = parse_node_args(run_script(tmp_path, values)[0])
-    assert (start.module, start.config, start.nodes, start.gpus_per_node, start.max_restarts, start.attempt) == (
+    assert (start.module, start.config, start.nodes, start.gpus_per_node, start.max_restarts, int(start.attempt)) == (
         "training.commcheck", "", 2, 8, 0, 1)  # a start that does not send an attempt is attempt 1
     spec = node_jobs.JobSpec(job_id=start.job_id, config=start.config, nodes=start.nodes,
                              gpus_per_node=start.gpus_per_node, rendezvous_host=start.rendezvous_host,
