@@ -18,6 +18,8 @@ STACK = "TrainingClusterStack"
 GROUP = "TrainingClusterStack-nodes"
 DOCUMENT = "TrainingClusterStack-JobsDocument-AbC123"
 LOG_GROUP = "/training-cluster/TrainingClusterStack"
+JOB_TABLE = "TrainingClusterStack-JobTable-Q1w2E3"
+MAX_JOB_RESTARTS = 5
 IMAGE_ID = "ami-12c6146b"  # any id: moto does not validate AMIs by default
 
 
@@ -105,7 +107,21 @@ MINIMAL_DOCUMENT = {
 }
 
 
-def deploy_fake_cluster(nodes=3, instance_type="p5.48xlarge", capacity_mode="on-demand", bootstrap="ready"):
+def create_job_table(name=JOB_TABLE):
+    """The job table as cluster_constructs creates it: the string key `pk` only, on-demand billing."""
+    boto3.client("dynamodb", region_name=REGION).create_table(
+        TableName=name,
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    return name
+
+
+def deploy_fake_cluster(nodes=3, instance_type="p5.48xlarge", capacity_mode="on-demand", bootstrap="ready",
+                        job_table=True):
+    """The stack and its nodes; job_table=False: a stack deployed before the job table (no JobTableName and
+    MaxJobRestarts outputs, no table)."""
     ec2 = boto3.client("ec2", region_name=REGION)
     vpc = ec2.create_vpc(CidrBlock="10.42.0.0/16")["Vpc"]["VpcId"]
     subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.42.1.0/24", AvailabilityZone="us-east-1a")["Subnet"]
@@ -138,6 +154,9 @@ def deploy_fake_cluster(nodes=3, instance_type="p5.48xlarge", capacity_mode="on-
         "CapacityMode": capacity_mode,
         "DataBucketName": "training-data-bucket",
     }
+    if job_table:
+        outputs["JobTableName"] = create_job_table()
+        outputs["MaxJobRestarts"] = str(MAX_JOB_RESTARTS)
     template = {
         "Resources": {"Logs": {"Type": "AWS::Logs::LogGroup", "Properties": {"LogGroupName": LOG_GROUP}}},
         "Outputs": {key: {"Value": value} for key, value in outputs.items()},
