@@ -333,7 +333,10 @@ def build_parser() -> argparse.ArgumentParser:
     cost.add_argument("--nodes", type=_positive_int)
     cost.add_argument("--hours", type=_non_negative_hours, help="hours of the plan (a number >= 0)")
     cost.add_argument(
-        "--job", metavar="JOB", help="a submitted job: its nodes times the time since it started"
+        "--job",
+        metavar="JOB",
+        help="a submitted job: its node-hours so far (from the job table: each attempt's nodes x its hours; for an "
+        "older job: its nodes x the time since it started)",
     )
     cost.set_defaults(handler=commands.cost)
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from clusterctl import capacity, jobs, stack
+from clusterctl import capacity, job_records, jobs, stack
 from clusterctl import logs as job_logs
 from clusterctl import quota as quotas
 from clusterctl.aws import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ClusterctlError
 from clusterctl.cost import CostEstimate, cost_so_far, estimate_cost
+from clusterctl.job_table import JobTable
 from clusterctl.nodes import list_nodes
 from clusterctl.render import format_table, format_time, format_usd, to_json
 
@@ -220,6 +221,11 @@ def cost(args: argparse.Namespace, runtime: Runtime) -> int:
         assert runtime.context is not None
         jobs.validate_job_id(args.job)
         outputs = _outputs(args, runtime)
+        recorded = _recorded_cost(runtime, outputs, args.job)
+        if recorded is not None:
+            estimate, label = recorded
+            _print_cost(args, runtime, estimate, label)
+            return EXIT_OK
         record = jobs.find_job(runtime.context.client("ssm"), outputs.job_document_name, args.job)
         if record is None:
             raise ClusterctlError(
@@ -236,6 +242,23 @@ def cost(args: argparse.Namespace, runtime: Runtime) -> int:
         label = "plan"
     _print_cost(args, runtime, estimate, label)
     return EXIT_OK
+
+
+def _recorded_cost(
+    runtime: Runtime, outputs: stack.StackOutputs, job_id: str
+) -> tuple[CostEstimate, str] | None:
+    """A job in the job table: its node-hours over every attempt (a restart's nodes are other instances, and
+    SSM's history of the job's start commands names them all), as nodes x equivalent hours."""
+    assert runtime.context is not None
+    if outputs.job_table_name is None:
+        return None
+    record = JobTable(runtime.context.client("dynamodb"), outputs.job_table_name).get(job_id)
+    if record is None:
+        return None
+    held = job_records.node_hours(record, runtime.now())
+    attempts = "1 attempt" if record.attempt == 1 else f"{record.attempt} attempts"
+    label = f"job {job_id} so far ({attempts} in the job table, {held:.2f} node-hours)"
+    return estimate_cost(record.instance_type, record.nodes, held / record.nodes), label
 
 
 def _print_cost(args: argparse.Namespace, runtime: Runtime, estimate: CostEstimate, label: str) -> None:

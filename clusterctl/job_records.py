@@ -212,14 +212,15 @@ def attempt_hours(record: JobRecord, attempt: Attempt, now: datetime.datetime) -
     return max(0.0, ((end or now) - start).total_seconds() / SECONDS_PER_HOUR)
 
 
+def node_hours(record: JobRecord, now: datetime.datetime) -> float:
+    """Each attempt's nodes x its hours, summed: what the job has held of the cluster so far."""
+    return sum(len(a.nodes) * attempt_hours(record, a, now) for a in record.attempts)
+
+
 def cost_so_far_usd(record: JobRecord, now: datetime.datetime) -> float | None:
-    """Each attempt's nodes x its hours x the catalog's on-demand price (clusterctl.cost); None for an
-    instance type the catalog does not have."""
+    """The job's node-hours x the catalog's on-demand price (clusterctl.cost); None for an instance type the
+    catalog does not have."""
     try:
-        return sum(
-            estimate_cost(record.instance_type, len(a.nodes), attempt_hours(record, a, now)).total_usd
-            for a in record.attempts
-            if a.nodes
-        )
+        return estimate_cost(record.instance_type, 1, node_hours(record, now)).total_usd
     except UnknownInstanceType:
         return None

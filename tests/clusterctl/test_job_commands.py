@@ -324,6 +324,18 @@ def test_jobs_lists_the_newest_first_with_attempts_steps_and_cost(at_now, cluste
     assert job["attempts"][0]["end_reason"] == f"node {b} terminated"
 
 
+def test_cost_of_a_recorded_job_counts_every_attempts_nodes(at_now, cluster, fakes):
+    a, b, c = cluster.instance_ids
+    put_job(fakes, "running", attempts=[
+        Attempt(1, [a, b], "10.42.1.4", "2026-11-20T21:15:02Z", ended_at="2026-11-20T22:15:02Z"),
+        Attempt(2, [a, c], "10.42.1.4", "2026-11-20T22:45:02Z"),
+    ])
+    result = at_now("cost", "--job", JOB)  # no SSM call: the record has every attempt's nodes
+    assert result.code == EXIT_OK, result.err
+    assert result.lines[0] == (f"job {JOB} so far (2 attempts in the job table, 3.00 node-hours): 2 x p5.48xlarge "
+                               f"for 1.50 h = ${3 * P5_USD:,.2f} (${2 * P5_USD:,.2f}/h, 24 GPU-hours)")
+
+
 def test_jobs_of_an_empty_table_and_no_active_job(cli, cluster, fakes):
     assert cli("jobs").lines == [f"no jobs in the job table {fakes.JOB_TABLE} yet"]
     put_job(fakes, "cancelled")
