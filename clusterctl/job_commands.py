@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
+import datetime
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, NoReturn
 
 from cluster_constructs.instance_types import get_instance_type
 from clusterctl import job_records, jobs, stack
@@ -163,13 +163,13 @@ def _submit(
     else:
         _print(runtime, job_id)  # the first line, also when the start failed: what the record is under
     if result.failed:
-        return _failed_start(runtime, outputs, table, result)
+        _failed_start(runtime, outputs, table, result)
 
     answers = [jobs.NodeJobState.from_invocation(i) for i in result.invocations.values()]
     try:
         job_records.update_record(table, job_id, lambda r: job_records.started(r, 1, answers), runtime.now())
-    except ClusterctlError as e:  # the job runs: the keeper moves the record on from `starting` too
-        _note(runtime, f"job {job_id} started, but its record still says starting: {e}")
+    except Exception as e:  # noqa: BLE001 - the job runs, and the keeper moves its record on from `starting` too
+        _note(runtime, f"job {job_id} started, but its record still says starting: {one_line(str(e), 200)}")
     if args.json:
         return EXIT_OK
     if module == node_jobs.COMMCHECK_MODULE:
@@ -239,7 +239,7 @@ def _failed_start(
     outputs: stack.StackOutputs,
     table: JobTable,
     result: jobs.SubmitResult,
-) -> int:
+) -> NoReturn:
     """Some nodes did not start the job: the job failed. It is recorded so (the lock goes back; the keeper
     leaves a failed job alone), then stopped on the nodes where it did start, which would otherwise wait at
     the rendezvous for peers that never come."""
@@ -276,7 +276,8 @@ def jobs_list(args: argparse.Namespace, runtime: Runtime) -> int:
     outputs = _outputs(args, runtime)
     table = _require_job_table(outputs, runtime, "no jobs to list")
     now = runtime.now()
-    records = list(itertools.islice(table.jobs(), args.limit))
+    every = list(table.jobs())
+    records = every[: args.limit]
     holder = table.active()
     active = holder if holder is not None and holder.state in ACTIVE_STATES else None
     if args.json:
@@ -295,6 +296,8 @@ def jobs_list(args: argparse.Namespace, runtime: Runtime) -> int:
         rows.append((r.job_id, r.state, r.attempt, r.nodes, r.created_at, r.last_step,
                      None if cost is None else format_usd(cost)))
     _print(runtime, format_table(("JOB", "STATE", "ATTEMPT", "NODES", "STARTED", "STEP", "COST SO FAR"), rows))
+    if len(every) > len(records):
+        _print(runtime, f"the newest {len(records)} of {len(every)} jobs: --limit {len(every)} shows them all")
     if active is not None:
         _print(runtime, f"active: {active.job_id} ({active.state}); a cluster runs one job at a time")
     else:
@@ -302,7 +305,7 @@ def jobs_list(args: argparse.Namespace, runtime: Runtime) -> int:
     return EXIT_OK
 
 
-def _record_json(record: JobRecord, now: Any) -> dict[str, object]:
+def _record_json(record: JobRecord, now: datetime.datetime) -> dict[str, object]:
     data = dataclasses.asdict(record)
     for attempt, raw in zip(record.attempts, data["attempts"], strict=True):
         raw["steps_lost"] = record.steps_lost(attempt.number)

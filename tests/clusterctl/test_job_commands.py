@@ -315,6 +315,10 @@ def test_jobs_lists_the_newest_first_with_attempts_steps_and_cost(at_now, cluste
                               f"${4 * P5_USD:,.2f}"]
     assert footer == f"active: {JOB} (running); a cluster runs one job at a time"
 
+    assert at_now("jobs", "--limit", "1").lines[2:] == [
+        "the newest 1 of 2 jobs: --limit 2 shows them all",
+        f"active: {JOB} (running); a cluster runs one job at a time",
+    ]
     limited = at_now("jobs", "--limit", "1", "--json")
     report = json.loads(limited.out)
     assert report["activeJobId"] == JOB and [j["job_id"] for j in report["jobs"]] == [JOB]
