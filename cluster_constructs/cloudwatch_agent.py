@@ -8,9 +8,10 @@ translator/translate/metrics/config/registered_metrics.go, and an unknown name f
   nvidia-smi. It offers no clock-throttle reasons (they are not in its allow-list); a throttled GPU shows as
   an SM clock below its peers (docs/troubleshooting.md).
 - `cpu`, `mem`, `disk`: host CPU and memory, and the space used on /, the NVMe scratch and FSx for Lustre.
-- `logs`: the bootstrap log, the node health monitor's log (its findings too) and the EFA collector's Embedded Metric Format (EMF) lines
-  (node_bootstrap/efa_metrics.py, one hourly file, the newest of which the agent tails). Job logs are added
-  per job with `append-config` (node_bootstrap/jobs/logs.py); the trainer's EMF step records ride in them.
+- `logs`: the bootstrap log, the node health monitor's log (its findings too) and the EFA collector's
+  Embedded Metric Format (EMF) lines (node_bootstrap/efa_metrics.py, one hourly file, the newest of which the
+  agent tails). Job logs are added per job with `append-config` (node_bootstrap/jobs/logs.py); the
+  trainer's EMF step records ride in them.
 
 Dimensions: `append_dimensions` adds AutoScalingGroupName and InstanceId to every agent metric (and drops the
 `host` dimension); `aggregation_dimensions` makes the agent also publish each metric rolled up to exactly

@@ -49,7 +49,7 @@ class RegionResult(Generic[T]):
 def parse_regions(text: str, option: str = "--regions") -> tuple[str, ...]:
     """'us-east-1, us-west-2' -> ('us-east-1', 'us-west-2'), in order, without repeats."""
     regions = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
-    bad = [r for r in regions if not REGION_CODE.match(r)]
+    bad = [r for r in regions if not REGION_CODE.fullmatch(r)]
     if not regions or bad:
         raise ClusterctlError(
             f"{option}={text!r}: allowed: comma-separated region codes, e.g. us-east-1,us-west-2", EXIT_USAGE
