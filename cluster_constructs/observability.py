@@ -46,6 +46,7 @@ ALARM_PERIOD = Duration.minutes(5)
 IDLE_PERIODS = 6  # 30 minutes of 5-minute periods
 STRAGGLER_PERIODS = 3  # 15 minutes
 EFA_ERROR_PERIODS = 3  # 15 minutes
+JOB_KEEPER_ERROR_PERIODS = 3  # 15 minutes: about 15 failed runs of the every-minute keeper, not one hiccup
 # The longest window a CloudWatch alarm can look back: Period x EvaluationPeriods <= 604,800 s (PutMetricAlarm).
 BUDGET_WINDOW = Duration.days(7)
 # Published by the nodes (node_bootstrap/protection.py) in the namespace their role may write.
@@ -216,6 +217,29 @@ class ClusterObservability(Construct):
         )
         alarm.add_alarm_action(cw_actions.SnsAction(self.alarm_topic))
         return alarm
+
+    def add_job_keeper_alarm(self, *, function_name: str) -> cloudwatch.Alarm:
+        """Alarm when the job keeper function fails in every 5-minute period for 15 minutes (an exception, a
+        timeout, a denied call): until it runs again, a job that loses a node is not restarted. A single failed
+        run is not an alarm: the next tick, a minute later, redoes it."""
+        errors = cloudwatch.Metric(
+            namespace="AWS/Lambda",
+            metric_name="Errors",
+            statistic="Sum",
+            period=ALARM_PERIOD,
+            dimensions_map={"FunctionName": function_name},
+        )
+        alarm = errors.create_alarm(
+            self,
+            "JobKeeperErrorsAlarm",
+            threshold=1,
+            evaluation_periods=JOB_KEEPER_ERROR_PERIODS,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            alarm_description="The job keeper keeps failing, so a job that loses a node is not restarted. Its log: "
+            "the output JobKeeperLogGroupName (docs/troubleshooting.md, 'The job keeper fails').",
+        )
+        return self._notify(alarm)
 
     def add_file_system_alarm(self, *, file_system_id: str, storage_capacity_gib: int) -> cloudwatch.Alarm:
         """Alarm when FSx for Lustre has less than 10% free: checkpoints fail to save on a full file system."""

@@ -15,7 +15,7 @@ from typing import TextIO
 import botocore.exceptions
 
 from cluster_constructs.instance_types import INSTANCE_TYPES, UnknownInstanceType
-from clusterctl import commands, plan_command, regional_commands, top_view
+from clusterctl import commands, job_commands, plan_command, regional_commands, top_view
 from clusterctl.aws import (
     EXIT_CODES_HELP,
     EXIT_FAILED,
@@ -202,7 +202,14 @@ def build_parser() -> argparse.ArgumentParser:
     submit = add(
         "submit",
         "Start a training job on the ready nodes (torchrun, c10d rendezvous on the first "
-        "node by private IP) and print its job id. Refuses when nodes are missing or not ready.",
+        "node by private IP) and print its job id. Refuses when nodes are missing or not ready, and while "
+        "another job is active: a cluster runs one job at a time.",
+        epilog="Before any node is touched the job's record is written to the stack's job table (stack output "
+        "JobTableName): the config file's content (for a path in the bundle; an absolute path on the nodes is "
+        "recorded as a path), the --set items, the nodes, the rendezvous host, state starting; the same write "
+        "takes the cluster's one-job lock. If some nodes fail to start the job, it is recorded as failed (the "
+        "lock is given back) and stopped where it started. A stack deployed before the job table is refused: "
+        "redeploy it. Several jobs at once: deploy several stacks (--stack).",
     )
     submit.add_argument("--config", required=True, help="training TOML, e.g. training/configs/llama3-8b.toml")
     submit.add_argument("--nodes", type=_positive_int, help="nodes to use (default: the stack's NodeCount)")
@@ -227,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="start from the newest complete checkpoint of an earlier job (its /fsx/checkpoints/JOB); the new "
         "job saves only to its own directory. Without it a job starts fresh (each job has its own directory).",
     )
-    submit.set_defaults(handler=commands.submit)
+    submit.set_defaults(handler=job_commands.submit)
 
     commcheck = add(
         "commcheck",
@@ -266,19 +273,32 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="torchrun --max-restarts (default 0: a failed check is an answer, not something to retry)",
     )
-    commcheck.set_defaults(handler=commands.commcheck)
+    commcheck.set_defaults(handler=job_commands.commcheck)
+
+    jobs = add(
+        "jobs",
+        "The jobs in the stack's job table, newest first: state, attempt, nodes, start, last step, and the "
+        "cost so far (each attempt's nodes x its hours x the catalog's on-demand price); then the active job.",
+    )
+    jobs.add_argument("--limit", type=_positive_int, default=20, help="show at most this many jobs (default 20)")
+    jobs.set_defaults(handler=job_commands.jobs_list)
 
     status = add(
         "status",
-        "Per node: running, succeeded, failed (exit code) or cancelled; last step and loss (for a commcheck: "
-        "its all_reduce busbw); the network NCCL chose (Libfabric/efa is EFA, Socket is TCP).",
-        epilog="Exits 1, with a warning on stderr naming the nodes, when a job of more than one node has "
+        "The job's record (state, and every attempt: nodes, rendezvous host, start, end, reason, step reached, "
+        "step resumed from, steps lost at the restart), then per node of its current attempt: running, "
+        "succeeded, failed (exit code) or cancelled; last step and loss (for a commcheck: its all_reduce "
+        "busbw); the network NCCL chose (Libfabric/efa is EFA, Socket is TCP).",
+        epilog="The nodes' answers are copied into the job's record. A job not in the job table (older, or a "
+        "stack without one) is found in SSM's command history (30 days). "
+        "Exits 1, with a warning on stderr naming the nodes, when a job of more than one node has "
         "NCCL on TCP (Socket, or a libfabric provider other than efa) instead of EFA on any node; exits 1 when "
-        "a node did not answer (state unknown), and with one line when no node has the job or all of its "
-        "nodes are gone. Nodes the Auto Scaling group replaced are shown as gone (replaced) and not asked.",
+        "a node did not answer (state unknown); a job found in SSM's history exits 1 with one line when no "
+        "node has it or all of its nodes are gone. Nodes the Auto Scaling group replaced are shown as gone "
+        "(replaced) and not asked.",
     )
     status.add_argument("job_id", metavar="JOB")
-    status.set_defaults(handler=commands.status)
+    status.set_defaults(handler=job_commands.status)
 
     logs = add("logs", "A job's output from CloudWatch Logs, all nodes interleaved by time.")
     logs.add_argument("job_id", metavar="JOB")
@@ -288,8 +308,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     cancel = add(
         "cancel",
-        "SIGTERM the job on every node that is left (replaced nodes are shown as gone) so the trainer "
-        "checkpoints, then kill what is left after the timeout.",
+        "Record the job as cancelled (so it is never restarted, and the cluster takes the next job), then "
+        "SIGTERM it on every node of its current attempt that is left (replaced nodes are shown as gone) so "
+        "the trainer checkpoints, and kill what is left after the timeout.",
+        epilog="A job that already ended (succeeded, failed, cancelled) is left alone: one line, exit 0, nothing "
+        "sent. A job not in the job table is stopped on the nodes of its start command (SSM's history). "
+        "Exits 1 when a node still reports the job running or did not answer.",
     )
     cancel.add_argument("job_id", metavar="JOB")
     cancel.add_argument(
@@ -298,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=STOP_GRACE_SECONDS,
         help=f"seconds between SIGTERM and SIGKILL, 0-{MAX_CANCEL_TIMEOUT_SECONDS} (default %(default)s)",
     )
-    cancel.set_defaults(handler=commands.cancel)
+    cancel.set_defaults(handler=job_commands.cancel)
 
     cost = add(
         "cost",
@@ -309,7 +333,10 @@ def build_parser() -> argparse.ArgumentParser:
     cost.add_argument("--nodes", type=_positive_int)
     cost.add_argument("--hours", type=_non_negative_hours, help="hours of the plan (a number >= 0)")
     cost.add_argument(
-        "--job", metavar="JOB", help="a submitted job: its nodes times the time since it started"
+        "--job",
+        metavar="JOB",
+        help="a submitted job: its node-hours so far (from the job table: each attempt's nodes x its hours; for an "
+        "older job: its nodes x the time since it started)",
     )
     cost.set_defaults(handler=commands.cost)
 

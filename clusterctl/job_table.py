@@ -276,7 +276,7 @@ class JobTable:
 
     def save(self, record: JobRecord, now: datetime.datetime) -> JobRecord:
         """Writes `record` if nobody wrote the job since it was read (StaleRecord otherwise); a record in a
-        final state gives the lock back in the same transaction. Returns the record as written."""
+        final state gives the lock back, if it holds it, in the same transaction. Returns the record as written."""
         written = dataclasses.replace(record, version=record.version + 1, updated_at=utc_now_text(now))
         put = {
             "TableName": self.table_name,
@@ -286,7 +286,12 @@ class JobTable:
             "ExpressionAttributeValues": {":read": {"N": str(record.version)}},
         }
         try:
-            if written.state in FINAL_STATES:
+            # Only a job that holds the lock gives it back: a finished job's record is still written (status
+            # copying the nodes' last answers) after the next job took the lock, and the Delete's condition
+            # would then cancel the whole transaction. The lock cannot become this job's after the read
+            # (create never takes it for an existing record); if another writer gave it back after the read,
+            # that writer saved a final state, so the Put's version condition fails: StaleRecord.
+            if written.state in FINAL_STATES and self.active_job_id() == record.job_id:
                 self.dynamodb.transact_write_items(TransactItems=[
                     {"Put": put},
                     {"Delete": {

@@ -31,6 +31,7 @@ DOCUMENT_VERSION = "$DEFAULT"
 POLL_SECONDS = 2.0
 START_TIMEOUT_SECONDS = 180.0  # the node waits up to 30 s for its supervisor; SSM delivery adds latency
 STATUS_TIMEOUT_SECONDS = 120.0
+MAX_ATTEMPT = 1000  # the jobs document's `attempt` parameter: a positive integer up to 1000
 TERMINAL_STATUSES = {
     "Success",
     "Failed",
@@ -72,7 +73,8 @@ class JobRequest:
     overrides: tuple[str, ...] = ()  # training: --set items; commcheck: its options as key=value
     module: str = node_jobs.TRAINING_MODULE  # what torchrun runs (node_bootstrap.jobs.MODULES)
     resume_from: str = ""  # training: another job whose checkpoints this one starts from; "" = its own only
-    attempt: int = 1  # the job keeper's restarts start attempt 2, 3, ... under the same job id
+    # 1 for a submit; the job keeper's restarts on a new node set count up (the jobs document's `attempt`)
+    attempt: int = 1
 
     def validate(self) -> None:
         if self.module not in node_jobs.MODULES:
@@ -105,6 +107,8 @@ class JobRequest:
             raise ClusterctlError(f"{self.module} takes no --config (got {self.config!r})", EXIT_USAGE)
         if not 0 <= self.max_restarts <= 99:
             raise ClusterctlError(f"--max-restarts={self.max_restarts}: allowed: 0-99", EXIT_USAGE)
+        if not 1 <= self.attempt <= MAX_ATTEMPT:  # the jobs document's allowedPattern for `attempt`
+            raise ClusterctlError(f"attempt={self.attempt}: allowed: 1-{MAX_ATTEMPT}", EXIT_USAGE)
 
     def _validate_config(self) -> None:
         if not node_jobs.CONFIG_RE.fullmatch(self.config) or ".." in self.config.split("/"):
@@ -155,7 +159,7 @@ class JobRequest:
             parameters["module"] = [self.module]
         if self.resume_from:  # likewise: only sent when asked for
             parameters["resumeFrom"] = [self.resume_from]
-        if self.attempt > 1:
+        if self.attempt > 1:  # likewise: a submit works against a document deployed before `attempt` existed
             parameters["attempt"] = [str(self.attempt)]
         return parameters
 

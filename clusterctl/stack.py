@@ -19,6 +19,13 @@ REQUIRED_OUTPUTS = (
     "NodeCount",
     "CapacityMode",
 )
+# The job table's outputs (cluster_constructs: the job keeper). A stack deployed before them has neither: then
+# submit refuses (redeploy), and status and cancel find jobs in SSM's command history as before.
+JOB_TABLE_OUTPUT = "JobTableName"
+MAX_JOB_RESTARTS_OUTPUT = "MaxJobRestarts"
+# The node config's training.checkpointRoot, when the stack outputs it: a job's record then names its
+# checkpoint directory (node_bootstrap.jobs.checkpoint_dir). Not an output of this version's stack.
+CHECKPOINT_ROOT_OUTPUT = "CheckpointRoot"
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,12 @@ class StackOutputs:
     node_count: int  # the group's fixed size
     capacity_mode: str  # on-demand, odcr or capacity-block
     outputs: dict[str, str]  # every output, for the rest (bucket names, FSx ids)
+    job_table_name: str | None = None  # None: the stack predates the job table
+    max_job_restarts: int | None = None  # the keeper's restarts of a job on a new node set (maxJobRestarts)
+
+    @property
+    def checkpoint_root(self) -> str | None:
+        return self.outputs.get(CHECKPOINT_ROOT_OUTPUT) or None
 
 
 def read_stack_outputs(cloudformation: Any, stack_name: str, region: str | None) -> StackOutputs:
@@ -56,12 +69,17 @@ def read_stack_outputs(cloudformation: Any, stack_name: str, region: str | None)
             "deployment to finish, or redeploy with this version",
             EXIT_STACK,
         )
-    try:
-        node_count = int(outputs["NodeCount"])
-    except ValueError:
-        raise ClusterctlError(
-            f"stack {stack_name}: output NodeCount={outputs['NodeCount']!r} is not a number", EXIT_STACK
-        ) from None
+    node_count = _number(stack_name, outputs, "NodeCount")
+    job_table_name = outputs.get(JOB_TABLE_OUTPUT) or None
+    max_job_restarts = None
+    if job_table_name is not None:
+        if MAX_JOB_RESTARTS_OUTPUT not in outputs:
+            raise ClusterctlError(
+                f"stack {stack_name} ({stack['StackStatus']}) has output {JOB_TABLE_OUTPUT} but no "
+                f"{MAX_JOB_RESTARTS_OUTPUT}: wait for the deployment to finish, or redeploy with this version",
+                EXIT_STACK,
+            )
+        max_job_restarts = _number(stack_name, outputs, MAX_JOB_RESTARTS_OUTPUT)
     return StackOutputs(
         stack_name=stack_name,
         region=region or "",
@@ -72,4 +90,15 @@ def read_stack_outputs(cloudformation: Any, stack_name: str, region: str | None)
         node_count=node_count,
         capacity_mode=outputs["CapacityMode"],
         outputs=outputs,
+        job_table_name=job_table_name,
+        max_job_restarts=max_job_restarts,
     )
+
+
+def _number(stack_name: str, outputs: dict[str, str], key: str) -> int:
+    try:
+        return int(outputs[key])
+    except ValueError:
+        raise ClusterctlError(
+            f"stack {stack_name}: output {key}={outputs[key]!r} is not a number", EXIT_STACK
+        ) from None

@@ -161,6 +161,7 @@ class TrainingClusterStack(Stack):
                 log_group_name=f"{unique_log_group_name(construct_id)}/job-keeper",
             )
         jobs.allow_job_table(keeper.table.table_arn)
+        observability.add_job_keeper_alarm(function_name=keeper.function.function_name)
         observability.add_node_alarm(auto_scaling_group_name=group_name)
         observability.add_protected_mode_alarm(auto_scaling_group_name=group_name)
         if settings.health.monitor_enabled:

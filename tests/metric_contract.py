@@ -119,14 +119,18 @@ def cli_published(argvs: Iterable[tuple[str, ...]]) -> set[Metric]:
 
 def aws_published(template: dict[str, Any]) -> set[Metric]:
     """AWS metrics the template's resources make available: Auto Scaling group metrics when the group collects
-    them (EC2 Auto Scaling User Guide, "Monitor CloudWatch metrics for your Auto Scaling groups"), and FSx for
-    Lustre's file system metrics (FSx for Lustre User Guide, "Amazon FSx for Lustre metrics")."""
+    them (EC2 Auto Scaling User Guide, "Monitor CloudWatch metrics for your Auto Scaling groups"), FSx for
+    Lustre's file system metrics (FSx for Lustre User Guide, "Amazon FSx for Lustre metrics") and a Lambda
+    function's invocation metrics (Lambda Developer Guide, "Types of metrics for Lambda functions")."""
     found: set[Metric] = set()
     for resource in template["Resources"].values():
         props = resource.get("Properties", {})
         if resource["Type"] == "AWS::AutoScaling::AutoScalingGroup" and props.get("MetricsCollection"):
             for name in ("GroupInServiceInstances", "GroupDesiredCapacity", "GroupMinSize", "GroupMaxSize"):
                 found.add(("AWS/AutoScaling", name, frozenset({"AutoScalingGroupName"})))
+        if resource["Type"] == "AWS::Lambda::Function":
+            for name in ("Invocations", "Errors", "Throttles", "Duration"):
+                found.add(("AWS/Lambda", name, frozenset({"FunctionName"})))
         if resource["Type"] == "AWS::FSx::FileSystem":
             for name in ("DataReadBytes", "DataWriteBytes", "FreeDataStorageCapacity", "DataReadOperations",
                          "DataWriteOperations", "MetadataOperations"):

@@ -145,7 +145,7 @@ def test_every_alarm_metric_has_a_producer(stack, produced):
     refs = alarm_references(stack.template_json)
     names = {r.name for r in refs}
     assert {"nvidia_smi_utilization_gpu", "GroupInServiceInstances", "StragglerRatio", "EfaErrorEvents",
-            "FreeDataStorageCapacity", "GroupDesiredCapacity"} <= names
+            "FreeDataStorageCapacity", "GroupDesiredCapacity", "Errors"} <= names
     assert unproduced(refs, everything(produced)) == []
 
 
@@ -156,6 +156,9 @@ def test_searches_and_alarms_are_pinned_to_this_cluster(stack):
             assert pins.get("AutoScalingGroupName") == GROUP, ref
         elif "Cluster" in ref.dimensions:
             assert pins.get("Cluster") == CLUSTER, ref
+        elif "FunctionName" in ref.dimensions:  # the job keeper's, the stack's only function of its own
+            (keeper,) = [k for k in stack.resources("AWS::Lambda::Function") if k.startswith("JobKeeper")]
+            assert pins.get("FunctionName") == json.dumps({"Ref": keeper}), ref
         else:
             assert ref.dimensions == {"FileSystemId"} and "FileSystemId" in pins, ref
 

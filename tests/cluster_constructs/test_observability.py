@@ -23,6 +23,7 @@ def template():
     observability.add_protected_mode_alarm(auto_scaling_group_name="Test-nodes")
     observability.add_node_health_alarm(auto_scaling_group_name="Test-nodes")
     observability.add_file_system_alarm(file_system_id="fs-0123456789abcdef0", storage_capacity_gib=4800)
+    observability.add_job_keeper_alarm(function_name="Test-JobKeeperFunction-AbC123")
     return Template.from_stack(stack)
 
 
@@ -113,6 +114,25 @@ def test_node_health_alarm_fires_on_a_node_the_monitor_found_unhealthy(template)
             "TreatMissingData": "notBreaching",
             "Dimensions": [{"Name": "AutoScalingGroupName", "Value": "Test-nodes"}],
             "AlarmDescription": Match.string_like_regexp("instance tag cluster:health-reason"),
+            "AlarmActions": [{"Ref": Match.string_like_regexp("^ObsAlarmTopic")}],
+        },
+    )
+
+
+def test_job_keeper_alarm_fires_when_the_keeper_keeps_failing(template):
+    template.has_resource_properties(
+        "AWS::CloudWatch::Alarm",
+        {
+            "Namespace": "AWS/Lambda",
+            "MetricName": "Errors",
+            "Dimensions": [{"Name": "FunctionName", "Value": "Test-JobKeeperFunction-AbC123"}],
+            "Statistic": "Sum",
+            "Period": 300,
+            "EvaluationPeriods": 3,  # 15 minutes of failed runs, not one
+            "ComparisonOperator": "GreaterThanOrEqualToThreshold",
+            "Threshold": 1,
+            "TreatMissingData": "notBreaching",
+            "AlarmDescription": Match.string_like_regexp("JobKeeperLogGroupName"),
             "AlarmActions": [{"Ref": Match.string_like_regexp("^ObsAlarmTopic")}],
         },
     )

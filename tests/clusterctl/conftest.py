@@ -1,6 +1,8 @@
 """Fixtures for clusterctl: fake credentials, a moto cluster (VPC, Auto Scaling group of p5 nodes, the stack
 with its outputs, the jobs document, the log group), and a CLI runner that captures output."""
 
+import dataclasses
+import datetime
 import io
 import json
 import sys
@@ -12,12 +14,15 @@ from moto import mock_aws
 
 from clusterctl.aws import AwsContext
 from clusterctl.cli import Runtime, main
+from clusterctl.job_table import JobTable
 
 REGION = "us-east-1"
 STACK = "TrainingClusterStack"
 GROUP = "TrainingClusterStack-nodes"
 DOCUMENT = "TrainingClusterStack-JobsDocument-AbC123"
 LOG_GROUP = "/training-cluster/TrainingClusterStack"
+JOB_TABLE = "TrainingClusterStack-JobTable-Q1w2E3"
+MAX_JOB_RESTARTS = 5
 IMAGE_ID = "ami-12c6146b"  # any id: moto does not validate AMIs by default
 
 
@@ -105,7 +110,33 @@ MINIMAL_DOCUMENT = {
 }
 
 
-def deploy_fake_cluster(nodes=3, instance_type="p5.48xlarge", capacity_mode="on-demand", bootstrap="ready"):
+def create_job_table(name=JOB_TABLE):
+    """The job table as cluster_constructs creates it: the string key `pk` only, on-demand billing."""
+    boto3.client("dynamodb", region_name=REGION).create_table(
+        TableName=name,
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    return name
+
+
+def job_table():
+    return JobTable(boto3.client("dynamodb", region_name=REGION), JOB_TABLE)
+
+
+def end_job(job_id, state="succeeded", reason=None):
+    """What the keeper writes when a job's nodes all finished: the record's final state, the lock given back."""
+    table = job_table()
+    record = table.get(job_id)
+    return table.save(dataclasses.replace(record, state=state, reason=reason, ended_at=record.updated_at),
+                      datetime.datetime.now(datetime.UTC))
+
+
+def deploy_fake_cluster(nodes=3, instance_type="p5.48xlarge", capacity_mode="on-demand", bootstrap="ready",
+                        job_table=True, extra_outputs=None):
+    """The stack and its nodes; job_table=False: a stack deployed before the job table (no JobTableName and
+    MaxJobRestarts outputs, no table)."""
     ec2 = boto3.client("ec2", region_name=REGION)
     vpc = ec2.create_vpc(CidrBlock="10.42.0.0/16")["Vpc"]["VpcId"]
     subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.42.1.0/24", AvailabilityZone="us-east-1a")["Subnet"]
@@ -138,6 +169,10 @@ def deploy_fake_cluster(nodes=3, instance_type="p5.48xlarge", capacity_mode="on-
         "CapacityMode": capacity_mode,
         "DataBucketName": "training-data-bucket",
     }
+    if job_table:
+        outputs["JobTableName"] = create_job_table()
+        outputs["MaxJobRestarts"] = str(MAX_JOB_RESTARTS)
+    outputs.update(extra_outputs or {})
     template = {
         "Resources": {"Logs": {"Type": "AWS::Logs::LogGroup", "Properties": {"LogGroupName": LOG_GROUP}}},
         "Outputs": {key: {"Value": value} for key, value in outputs.items()},

@@ -163,7 +163,8 @@ def test_submit_checks_set_items_against_the_training_config_before_sending(cli,
     assert sent == []  # nothing reached a node
 
 
-def test_submit_refuses_another_checkpoint_dir_and_resumes_another_job_only_on_request(cli, sent, cluster):
+def test_submit_refuses_another_checkpoint_dir_and_resumes_another_job_only_on_request(cli, sent, cluster,
+                                                                                         fakes):
     refused = cli("submit", "--config", "training/configs/tiny-cpu.toml", "--set",
                   "checkpoint.dir=/fsx/checkpoints/j-20261119-101500-0a0b")
     assert refused.code == EXIT_USAGE and sent == []
@@ -180,6 +181,7 @@ def test_submit_refuses_another_checkpoint_dir_and_resumes_another_job_only_on_r
     assert result.code == EXIT_OK, result.err
     (command,) = sent
     assert command["Parameters"]["resumeFrom"] == ["j-20261119-101500-0a0b"]
+    fakes.end_job(result.lines[0])  # one job at a time
     plain = cli("submit", "--config", "training/configs/tiny-cpu.toml")
     assert plain.code == EXIT_OK and "resumeFrom" not in sent[-1]["Parameters"]  # only sent when asked
 
