@@ -1,5 +1,6 @@
 """The commands: each reads its arguments, calls the AWS-facing modules and prints a table or JSON. The job
-commands (submit, commcheck, jobs, status, cancel) are in clusterctl/job_commands.py."""
+commands (submit, commcheck, jobs, status, cancel) are in clusterctl/job_commands.py (how they show a job:
+clusterctl/job_view.py)."""
 
 from __future__ import annotations
 

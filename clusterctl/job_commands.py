@@ -11,14 +11,12 @@ Jobs of a stack deployed before the job table (and jobs older than it) are found
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import datetime
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 
 from cluster_constructs.instance_types import get_instance_type
-from clusterctl import job_records, jobs, stack
+from clusterctl import job_records, job_view, jobs, stack
 from clusterctl.aws import EXIT_FAILED, EXIT_OK, EXIT_STACK, EXIT_USAGE, ClusterctlError, one_line
 from clusterctl.job_table import ACTIVE_STATES, JobAlreadyActive, JobRecord, JobTable, StaleRecord
 from clusterctl.nodes import Node, list_nodes, select_job_nodes
@@ -284,7 +282,7 @@ def jobs_list(args: argparse.Namespace, runtime: Runtime) -> int:
         _print(runtime, to_json({
             "jobTable": table.table_name,
             "activeJobId": active.job_id if active else None,
-            "jobs": [_record_json(r, now) for r in records],
+            "jobs": [job_view.record_json(r, now) for r in records],
         }))
         return EXIT_OK
     if not records:
@@ -305,16 +303,6 @@ def jobs_list(args: argparse.Namespace, runtime: Runtime) -> int:
     return EXIT_OK
 
 
-def _record_json(record: JobRecord, now: datetime.datetime) -> dict[str, object]:
-    data = dataclasses.asdict(record)
-    for attempt, raw in zip(record.attempts, data["attempts"], strict=True):
-        raw["steps_lost"] = record.steps_lost(attempt.number)
-    cost = job_records.cost_so_far_usd(record, now)
-    data.update(attempt=record.attempt, last_step=record.last_step,
-                cost_so_far_usd=None if cost is None else round(cost, 2))
-    return data
-
-
 # --- status and cancel -----------------------------------------------------------------------------------
 
 
@@ -332,11 +320,12 @@ def status(args: argparse.Namespace, runtime: Runtime) -> int:
     states = _ask(runtime, outputs, args.job_id, current.nodes, "status") if current else []
     record = _copy_answers(runtime, table, record, states)
     if args.json:
-        report = _states_json(args, states)
-        report.update(state=record.state, nodesState=report["state"], record=_record_json(record, runtime.now()))
+        report = job_view.states_json(args.job_id, states)
+        report.update(state=record.state, nodesState=report["state"],
+                      record=job_view.record_json(record, runtime.now()))
         _print(runtime, to_json(report))
     else:
-        _print_record(runtime, record)
+        _print(runtime, job_view.format_record(record))
         if current is not None:
             _print(runtime, "")
             _print_states(args, runtime, states, f"attempt {current.number}'s nodes")
@@ -374,41 +363,6 @@ def _status_exit(args: argparse.Namespace, runtime: Runtime, states: list[jobs.N
     return EXIT_FAILED if states and jobs.overall_state(states) == "unknown" else EXIT_OK
 
 
-def _print_record(runtime: Runtime, record: JobRecord) -> None:
-    """The job as its record has it: the header, then one row per attempt (the steps lost at each restart:
-    the step the attempt reached minus the step the next one resumed from)."""
-    what = f"{record.module} {record.config}".rstrip()
-    _print(
-        runtime,
-        f"job {record.job_id}: {record.state}, attempt {record.attempt} (restarts: {record.restarts} of at most "
-        f"{record.max_job_restarts}); {what} on {record.nodes} x {record.instance_type}",
-    )
-    if record.reason:
-        _print(runtime, f"reason: {record.reason}")
-    if record.checkpoint_dir:
-        _print(runtime, f"checkpoints: {record.checkpoint_dir}")
-    rows = [
-        (
-            a.number,
-            len(a.nodes),
-            a.rendezvous_host,
-            a.started_at,
-            a.ended_at,
-            a.step_reached,
-            a.resumed_from_step,
-            record.steps_lost(a.number),
-            a.end_reason,
-        )
-        for a in record.attempts
-    ]
-    _print(runtime, format_table(
-        ("ATTEMPT", "NODES", "RENDEZVOUS", "STARTED", "ENDED", "STEP", "RESUMED FROM", "STEPS LOST", "REASON"),
-        rows,
-    ))
-    for a in record.attempts:
-        _print(runtime, f"attempt {a.number} nodes: {', '.join(a.nodes)}")
-
-
 def cancel(args: argparse.Namespace, runtime: Runtime) -> int:
     longest = node_jobs.MAX_CANCEL_TIMEOUT_SECONDS
     if not 0 <= args.timeout_seconds <= longest:
@@ -433,7 +387,7 @@ def cancel(args: argparse.Namespace, runtime: Runtime) -> int:
         why = f": {record.reason}" if record.reason else ""
         if args.json:
             _print(runtime, to_json({"jobId": args.job_id, "state": record.state, "sent": False,
-                                     "record": _record_json(record, now)}))
+                                     "record": job_view.record_json(record, now)}))
         else:
             _print(runtime, f"job {args.job_id} already ended ({record.state}{why}); nothing sent")
         return EXIT_OK
@@ -442,9 +396,9 @@ def cancel(args: argparse.Namespace, runtime: Runtime) -> int:
     states = _ask(runtime, outputs, args.job_id, nodes, "cancel", args.timeout_seconds) if nodes else []
     record = _copy_answers(runtime, table, record, states)  # their exit codes and last steps
     if args.json:
-        report = _states_json(args, states)
+        report = job_view.states_json(args.job_id, states)
         report.update(state=record.state, nodesState=report["state"], sent=bool(nodes),
-                      record=_record_json(record, now))
+                      record=job_view.record_json(record, now))
         _print(runtime, to_json(report))
     else:
         number = current.number if current else 0
@@ -453,6 +407,13 @@ def cancel(args: argparse.Namespace, runtime: Runtime) -> int:
         if states:
             _print_states(args, runtime, states, f"attempt {number}'s nodes")
     return _cancel_exit(states)
+
+
+def _print_states(args: argparse.Namespace, runtime: Runtime, states: list[jobs.NodeJobState], label: str) -> None:
+    if args.json:
+        _print(runtime, to_json(job_view.states_json(args.job_id, states)))
+    else:
+        _print(runtime, job_view.format_states(states, label))
 
 
 def _cancel_exit(states: list[jobs.NodeJobState]) -> int:
@@ -538,89 +499,3 @@ def _query_from_history(
         f"job {args.job_id}: unknown: not in SSM's command history (kept 30 days), and none of the {asked} "
         "in-service nodes has it"
     )
-
-
-# --- the nodes' answers ------------------------------------------------------------------------------------
-
-
-def _states_json(args: argparse.Namespace, states: list[jobs.NodeJobState]) -> dict[str, object]:
-    report: dict[str, object] = {"jobId": args.job_id, "state": jobs.overall_state(states), "nodes": states}
-    if jobs.is_commcheck(states):
-        reported = jobs.reported_busbw(states)
-        report["busbwGbps"] = reported.busbw_gbps if reported else None
-        report["busbwSizeBytes"] = reported.busbw_size_bytes if reported else None
-    return report
-
-
-def _print_states(args: argparse.Namespace, runtime: Runtime, states: list[jobs.NodeJobState], label: str) -> None:
-    """One row per node, then `<label>: <overall state> (<nodes>)`."""
-    if args.json:
-        _print(runtime, to_json(_states_json(args, states)))
-        return
-    overall = jobs.overall_state(states)
-    if jobs.is_commcheck(states):
-        _print_commcheck_states(runtime, states, overall, label)
-        return
-    rows = [
-        (
-            s.instance_id,
-            s.state,
-            s.exit_code,
-            s.last_step,
-            s.last_loss,
-            s.network,
-            s.started_at,
-            s.ended_at,
-            s.detail,
-        )
-        for s in states
-    ]
-    _print(
-        runtime,
-        format_table(
-            ("INSTANCE", "STATE", "EXIT", "STEP", "LOSS", "NETWORK", "STARTED", "ENDED", "DETAIL"), rows
-        ),
-    )
-    _print(runtime, f"{label}: {overall} ({_count_nodes(states)})")
-
-
-def _count_nodes(states: list[jobs.NodeJobState]) -> str:
-    gone = sum(s.state == jobs.GONE for s in states)
-    return f"{len(states)} nodes" + (f", {gone} gone (replaced)" if gone else "")
-
-
-def _format_mib(size_bytes: int | None) -> str | None:
-    return None if size_bytes is None else f"{size_bytes / 2**20:g} MiB"
-
-
-def _print_commcheck_states(runtime: Runtime, states: list[jobs.NodeJobState], overall: str, label: str) -> None:
-    """A commcheck's nodes: busbw where rank 0 logged it, instead of step and loss."""
-    reported = jobs.reported_busbw(states)
-    rows = [
-        (
-            s.instance_id,
-            s.state,
-            s.exit_code,
-            None if s.busbw_gbps is None else f"{s.busbw_gbps:.1f}",
-            _format_mib(s.busbw_size_bytes),
-            s.network,
-            s.started_at,
-            s.ended_at,
-            s.detail,
-        )
-        for s in states
-    ]
-    _print(
-        runtime,
-        format_table(
-            ("INSTANCE", "STATE", "EXIT", "BUSBW GB/S", "SIZE", "NETWORK", "STARTED", "ENDED", "DETAIL"), rows
-        ),
-    )
-    if reported is not None:
-        _print(
-            runtime,
-            f"{label}: {overall} ({_count_nodes(states)}); all_reduce busbw "
-            f"{reported.busbw_gbps:.1f} GB/s at {_format_mib(reported.busbw_size_bytes)}",
-        )
-    else:
-        _print(runtime, f"{label}: {overall} ({_count_nodes(states)}); no busbw logged yet")
