@@ -56,14 +56,7 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 < value < math.inf:
-        raise argparse.ArgumentTypeError(f"{text!r}: allowed: a number > 0")
-    return value
+_positive_float = plan_command.positive_float
 
 
 def _non_negative_hours(text: str) -> float:

@@ -46,7 +46,7 @@ def add_parser(add: Callable[..., argparse.ArgumentParser]) -> None:
     count = parser.add_mutually_exclusive_group()
     count.add_argument("--nodes", type=_positive_int, help="plan this node count (default: the fewest that fit)")
     count.add_argument(
-        "--deadline-days", type=_positive_float, metavar="DAYS",
+        "--deadline-days", type=positive_float, metavar="DAYS",
         help="the fewest nodes that finish within DAYS",
     )
     parser.add_argument("--seq-len", type=_positive_int, help="tokens per sample (default: the config's)")
@@ -76,7 +76,8 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _positive_float(text: str) -> float:
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0 (also clusterctl.cli's)."""
     try:
         value = float(text)
     except ValueError:
@@ -87,7 +88,7 @@ def _positive_float(text: str) -> float:
 
 
 def _fraction(text: str) -> float:
-    value = _positive_float(text)
+    value = positive_float(text)
     if value > 1:
         raise argparse.ArgumentTypeError(f"{text!r}: allowed: a fraction in (0, 1], e.g. 0.4")
     return value

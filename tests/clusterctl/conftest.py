@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import boto3
 import pytest
+from fake_aws import isolate_from_real_aws
 from moto import mock_aws
 
 from clusterctl.aws import AwsContext
@@ -29,16 +30,7 @@ IMAGE_ID = "ami-12c6146b"  # any id: moto does not validate AMIs by default
 @pytest.fixture(autouse=True)
 def aws_env(monkeypatch, tmp_path):
     """Fake credentials and no access to the developer's AWS config or the instance metadata service."""
-    for key in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_REGION"):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    # moto would otherwise load thousands of public AMIs (~10 s) on the first EC2 call of every test.
-    monkeypatch.setenv("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    isolate_from_real_aws(monkeypatch, tmp_path, REGION)
 
 
 @dataclass

@@ -18,6 +18,7 @@ from pathlib import Path
 import boto3
 import pytest
 from aws_events import autoscaling_event, expiration_warning, scheduled_event
+from fake_aws import isolate_from_real_aws
 from local_cluster import DOCUMENT, GROUP, REGION, STACK, TABLE, LocalCluster
 from moto import mock_aws
 from torchrun_support import SMALL, torchrun
@@ -43,15 +44,7 @@ JOB_OVERRIDES = [*SMALL, f"run.steps={STEPS}", f"checkpoint.interval_steps={CHEC
 
 @pytest.fixture()
 def aws(monkeypatch, tmp_path):
-    for key in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    isolate_from_real_aws(monkeypatch, tmp_path, REGION)
     with mock_aws():
         yield
 
