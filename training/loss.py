@@ -1,0 +1,105 @@
+"""The training loss: mean token cross-entropy of the output head, either on the full logits or fused with the
+head over chunks of tokens so the logits never exist whole.
+
+The full-logits path materialises logits [N, V] in the compute dtype, an fp32 copy for the log-softmax (which
+autograd keeps for backward) and fp32 gradients of the same size: at the 1b preset's vocabulary (128256) and
+4 x 4096 tokens that is 2.1e9 elements per copy, 4.2 GB in bf16 and 8.4 GB in fp32. The fused path
+(``parallel.loss_chunk_tokens`` > 0) is the idea of Liger Kernel's fused linear cross-entropy
+(linkedin/Liger-Kernel, ops/fused_linear_cross_entropy.py): compute the gradients already in forward, one
+chunk of tokens at a time, and keep only the gradients of the head's two inputs for backward. Its extra memory
+is one chunk's logits (fp32 plus one copy in the compute dtype), an fp32 accumulator for the head weight's
+gradient and the two stored gradients (the size of h and of the weight).
+
+Numerics follow the full-logits path: the chunk's logits come out of the same matmul in the compute dtype and
+are upcast to fp32; the gradient of the logits, (softmax - onehot) / N, is fp32 and is cast to the compute
+dtype before the two gradient matmuls, as autograd does after ``logits.float()``. The head weight's gradient
+is summed over chunks in fp32 and cast to the weight's dtype once.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def cross_entropy_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of logits [..., V] against targets [...], in fp32: bf16 logits lose the precision
+    log-softmax over a large vocabulary needs. The full-logits path (``parallel.loss_chunk_tokens`` = 0)."""
+    return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
+
+
+def fused_linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                               chunk_tokens: int) -> torch.Tensor:
+    """Mean cross-entropy of ``h @ weight.T`` (h [..., D], weight [V, D], targets [...]) against ``targets``,
+    computed ``chunk_tokens`` rows at a time; equal to ``cross_entropy_loss(h @ weight.T, targets)`` within
+    float rounding. Returns an fp32 scalar whose backward gives h and weight their gradients."""
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens={chunk_tokens!r}: allowed: an integer >= 1")
+    flat_h, flat_targets = h.reshape(-1, h.shape[-1]), targets.reshape(-1)
+    if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
+        return _FusedLinearCrossEntropy.apply(flat_h, weight, flat_targets, chunk_tokens)
+    loss, _, _ = _chunked_loss(flat_h, weight, flat_targets, chunk_tokens, grad_h=False, grad_weight=False)
+    return loss
+
+
+class _FusedLinearCrossEntropy(torch.autograd.Function):
+    """Forward computes the loss and both gradients; backward scales the stored gradients by grad_output.
+
+    The gradients go through save_for_backward (not ctx attributes) so that they are what autograd holds for
+    backward, visible to saved-tensor hooks like every other saved activation (tests/training/test_loss.py
+    checks that no [N, V] tensor is among them)."""
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,  # type: ignore[override]
+                chunk_tokens: int) -> torch.Tensor:
+        need_h, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        loss, grad_h, grad_weight = _chunked_loss(h, weight, targets, chunk_tokens, grad_h=need_h,
+                                                  grad_weight=need_weight)
+        ctx.save_for_backward(grad_h, grad_weight)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):  # type: ignore[override]
+        grad_h, grad_weight = ctx.saved_tensors
+        # grad_output is 1 / grad_accum_steps in training. Out of place: a retained graph's second backward
+        # must see the stored gradients unchanged.
+        if grad_h is not None:
+            grad_h = grad_h * grad_output.to(grad_h.dtype)
+        if grad_weight is not None:
+            grad_weight = grad_weight * grad_output.to(grad_weight.dtype)
+        return grad_h, grad_weight, None, None
+
+
+@torch.no_grad()
+def _chunked_loss(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_tokens: int, *,
+                  grad_h: bool, grad_weight: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """(mean loss, d loss / d h or None, d loss / d weight or None) for h [N, D], weight [V, D], targets [N]."""
+    n_tokens = h.shape[0]
+    loss_sum = torch.zeros((), dtype=torch.float32, device=h.device)
+    h_grad = torch.empty_like(h) if grad_h else None
+    weight_grad_fp32 = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if grad_weight else None
+    for start in range(0, n_tokens, chunk_tokens):
+        stop = min(start + chunk_tokens, n_tokens)
+        h_chunk, target_chunk = h[start:stop], targets[start:stop]
+        # 1) logits in the compute dtype (the head's own matmul), then fp32 for the log-sum-exp
+        logits = (h_chunk @ weight.T).float()
+        lse = torch.logsumexp(logits, dim=-1)
+        loss_sum += (lse - logits.gather(1, target_chunk[:, None]).squeeze(1)).sum()
+        if not (grad_h or grad_weight):
+            continue
+        # 2) d(mean loss)/d logits = (softmax - onehot) / N, in place over the fp32 logits
+        grad_logits = logits.sub_(lse[:, None]).exp_()
+        grad_logits[torch.arange(stop - start, device=h.device), target_chunk] -= 1.0
+        grad_logits.div_(n_tokens)
+        grad_logits = grad_logits.to(h.dtype)  # what autograd hands the head's matmul after logits.float()
+        # 3) the head's two gradients for this chunk
+        if h_grad is not None:
+            torch.mm(grad_logits, weight, out=h_grad[start:stop])
+        if weight_grad_fp32 is not None:
+            if grad_logits.dtype == torch.float32:
+                weight_grad_fp32.addmm_(grad_logits.T, h_chunk)
+            else:  # the GEMM accumulates in fp32 inside; its bf16 result is summed over chunks in fp32
+                weight_grad_fp32 += grad_logits.T @ h_chunk
+        del logits, grad_logits
+    weight_grad = weight_grad_fp32.to(weight.dtype) if weight_grad_fp32 is not None else None
+    return loss_sum / n_tokens, h_grad, weight_grad
