@@ -241,13 +241,15 @@ def _forward_backward(model: nn.Module, fp8: Fp8Backend, micro_batches: list[Bat
     logits the model returns (any model that maps tokens to logits, torchtitan's too)."""
     total = torch.zeros((), device=micro_batches[0][0].device, dtype=torch.float32)
     for inputs, targets in micro_batches:
-        with fp8.autocast():
-            if loss_chunk_tokens > 0:
+        if loss_chunk_tokens > 0:
+            with fp8.autocast():
                 loss = model(inputs, targets, loss_chunk_tokens=loss_chunk_tokens)
-            else:
+        else:
+            with fp8.autocast():
                 logits = model(inputs)
-        if loss_chunk_tokens <= 0:
             loss = cross_entropy_loss(logits, targets)  # fp32, on the full logits
+            # autograd keeps the fp32 copy, not these: freed now rather than through backward (the full bf16
+            # logits, 4.2 GB at the 1b preset with 4 x 4096 tokens)
             del logits
         loss = loss / grad_accum_steps
         loss.backward()

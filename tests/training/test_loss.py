@@ -151,3 +151,22 @@ def test_the_model_returns_the_loss_with_targets_and_saves_no_logits_when_fused(
     torch.testing.assert_close(loss_full, cross_entropy_loss(model(tokens), targets).detach(), rtol=0, atol=0)
     for name, grad in grads_full.items():
         torch.testing.assert_close(grads_fused[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_the_full_logits_path_saves_only_the_fp32_copy_so_the_bf16_logits_can_be_freed():
+    """training.train._forward_backward deletes the model's bf16 logits before backward: autograd holds only
+    the fp32 copy (log-softmax's output), so nothing else keeps them alive."""
+    n, dim, vocab = 64, 16, 300
+    h, weight, targets = (t.detach().bfloat16().requires_grad_() if t.is_floating_point() else t
+                          for t in inputs(n, dim, vocab))
+    saved: dict[int, torch.dtype] = {}  # storage address -> dtype, for the [N, V] tensors
+
+    def pack(tensor):
+        if tensor.numel() == n * vocab:
+            saved[tensor.untyped_storage().data_ptr()] = tensor.dtype
+        return tensor
+
+    with saved_tensors_hooks(pack, lambda tensor: tensor):
+        cross_entropy_loss(h @ weight.T, targets)
+    # one storage (log-softmax's output, saved by log_softmax and by nll_loss), fp32
+    assert list(saved.values()) == [torch.float32]
