@@ -60,13 +60,16 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):  # type: ignore[override]
+        # grad_output is 1 / grad_accum_steps in training. Scaled in place: an out-of-place product would hold
+        # a second copy of the head weight's gradient (0.5 GB in bf16 at the 1b preset) at backward's start.
+        # So the stored gradients are spent by one backward, and a second one through a retained graph fails.
+        if getattr(ctx, "spent", False):
+            raise RuntimeError("fused_linear_cross_entropy: backward through the same graph twice is not supported")
+        ctx.spent = True
         grad_h, grad_weight = ctx.saved_tensors
-        # grad_output is 1 / grad_accum_steps in training. Out of place: a retained graph's second backward
-        # must see the stored gradients unchanged.
-        if grad_h is not None:
-            grad_h = grad_h * grad_output.to(grad_h.dtype)
-        if grad_weight is not None:
-            grad_weight = grad_weight * grad_output.to(grad_weight.dtype)
+        for grad in (grad_h, grad_weight):
+            if grad is not None:
+                grad.mul_(grad_output.to(grad.dtype))
         return grad_h, grad_weight, None, None
 
 
@@ -77,7 +80,7 @@ def _chunked_loss(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, 
     n_tokens = h.shape[0]
     loss_sum = torch.zeros((), dtype=torch.float32, device=h.device)
     h_grad = torch.empty_like(h) if grad_h else None
-    weight_grad_fp32 = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if grad_weight else None
+    weight_grad: torch.Tensor | None = None  # fp32 sum over chunks (one chunk: the product in weight's dtype)
     for start in range(0, n_tokens, chunk_tokens):
         stop = min(start + chunk_tokens, n_tokens)
         h_chunk, target_chunk = h[start:stop], targets[start:stop]
@@ -95,11 +98,17 @@ def _chunked_loss(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, 
         # 3) the head's two gradients for this chunk
         if h_grad is not None:
             torch.mm(grad_logits, weight, out=h_grad[start:stop])
-        if weight_grad_fp32 is not None:
-            if grad_logits.dtype == torch.float32:
-                weight_grad_fp32.addmm_(grad_logits.T, h_chunk)
-            else:  # the GEMM accumulates in fp32 inside; its bf16 result is summed over chunks in fp32
-                weight_grad_fp32 += grad_logits.T @ h_chunk
+        if grad_weight:
+            # the GEMM accumulates in fp32 inside; with several chunks its results are summed in fp32
+            if weight_grad is None:
+                weight_grad = grad_logits.T @ h_chunk
+                if stop < n_tokens:
+                    weight_grad = weight_grad.float()
+            elif weight_grad.dtype == grad_logits.dtype:
+                weight_grad.addmm_(grad_logits.T, h_chunk)
+            else:
+                weight_grad += grad_logits.T @ h_chunk
         del logits, grad_logits
-    weight_grad = weight_grad_fp32.to(weight.dtype) if weight_grad_fp32 is not None else None
+    if weight_grad is not None:
+        weight_grad = weight_grad.to(weight.dtype)  # once, at the end
     return loss_sum / n_tokens, h_grad, weight_grad

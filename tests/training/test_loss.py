@@ -170,3 +170,13 @@ def test_the_full_logits_path_saves_only_the_fp32_copy_so_the_bf16_logits_can_be
         cross_entropy_loss(h @ weight.T, targets)
     # one storage (log-softmax's output, saved by log_softmax and by nll_loss), fp32
     assert list(saved.values()) == [torch.float32]
+
+
+def test_a_second_backward_through_a_retained_graph_fails_loudly():
+    """The stored gradients are scaled in place by the one backward (no second copy of the head weight's
+    gradient): a second backward would scale them again, so it raises instead of giving wrong gradients."""
+    h, weight, targets = inputs(37, 16, 50)
+    loss = fused_linear_cross_entropy(h, weight, targets, 8)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="backward through the same graph twice is not supported"):
+        loss.backward()
