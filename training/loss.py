@@ -84,16 +84,19 @@ def _chunked_loss(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, 
     for start in range(0, n_tokens, chunk_tokens):
         stop = min(start + chunk_tokens, n_tokens)
         h_chunk, target_chunk = h[start:stop], targets[start:stop]
-        # 1) logits in the compute dtype (the head's own matmul), then fp32 for the log-sum-exp
+        # 1) logits in the compute dtype (the head's own matmul), then fp32 for the log-sum-exp, computed in
+        #    place: torch.logsumexp would allocate a second chunk-sized fp32 tensor for exp(logits - max)
         logits = (h_chunk @ weight.T).float()
-        lse = torch.logsumexp(logits, dim=-1)
-        loss_sum += (lse - logits.gather(1, target_chunk[:, None]).squeeze(1)).sum()
+        target_logits = logits.gather(1, target_chunk[:, None]).squeeze(1)
+        maxes = logits.amax(dim=-1, keepdim=True)
+        exps = logits.sub_(maxes).exp_()
+        sums = exps.sum(dim=-1, keepdim=True)
+        loss_sum += (maxes + sums.log() - target_logits[:, None]).sum()
         if not (grad_h or grad_weight):
             continue
-        # 2) d(mean loss)/d logits = (softmax - onehot) / N, in place over the fp32 logits
-        grad_logits = logits.sub_(lse[:, None]).exp_()
-        grad_logits[torch.arange(stop - start, device=h.device), target_chunk] -= 1.0
-        grad_logits.div_(n_tokens)
+        # 2) d(mean loss)/d logits = (softmax - onehot) / N, in place over the same fp32 tensor
+        grad_logits = exps.div_(sums * n_tokens)
+        grad_logits[torch.arange(stop - start, device=h.device), target_chunk] -= 1.0 / n_tokens
         grad_logits = grad_logits.to(h.dtype)  # what autograd hands the head's matmul after logits.float()
         # 3) the head's two gradients for this chunk
         if h_grad is not None:
@@ -108,7 +111,7 @@ def _chunked_loss(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, 
                 weight_grad.addmm_(grad_logits.T, h_chunk)
             else:
                 weight_grad += grad_logits.T @ h_chunk
-        del logits, grad_logits
+        del logits, exps, grad_logits
     if weight_grad is not None:
         weight_grad = weight_grad.to(weight.dtype)  # once, at the end
     return loss_sum / n_tokens, h_grad, weight_grad
