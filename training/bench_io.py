@@ -65,7 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
     loader.add_argument("--gpu-tokens-per-s", type=float, help="what one GPU consumes, for the ratio")
     loader.add_argument("--workdir", type=Path, help="where random shards are written (default: a temp dir)")
     loader.add_argument("--json", type=Path, metavar="PATH")
-    ckpt = sub.add_parser("checkpoint", help="how long saves block the loop and take to complete")
+    ckpt = sub.add_parser(
+        "checkpoint",
+        help="how long saves hold the loop, stage and take to complete, phase by phase",
+        description="How long an async save holds the loop, until its copy in CPU memory is complete and "
+                    "until it is complete on disk, with each phase (build_state, describe, copy, verify), and "
+                    "how long a blocking (SIGTERM) save takes. JSON on stdout, a summary on stderr.",
+    )
     ckpt.add_argument("--preset", choices=list(MODEL_PRESETS), default="1b")
     ckpt.add_argument("--dir", type=Path, required=True, help="checkpoint root to write to (emptied first)")
     ckpt.add_argument("--repeats", type=int, default=3, help="saves of each kind")
