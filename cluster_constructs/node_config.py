@@ -34,6 +34,12 @@ DLAMI_PYTHON = (
 RENDEZVOUS_PORT = 29400  # torchrun c10d rendezvous on the first node
 
 
+def checkpoint_root(storage: StorageSettings) -> str:
+    """Where the nodes put every job's checkpoints (``<root>/<job id>``), on the shared file system. Also the
+    stack's ``CheckpointRoot`` output: clusterctl records each job's directory from it."""
+    return f"{storage.fsx_mount_point}/checkpoints"
+
+
 def render_node_config(
     *,
     stack_name: str,
@@ -89,7 +95,7 @@ def render_node_config(
             "python": DLAMI_PYTHON,
             "jobsDir": "/var/lib/cluster/jobs",
             "jobLogDir": "/var/log/cluster/jobs",
-            "checkpointRoot": f"{fsx}/checkpoints",
+            "checkpointRoot": checkpoint_root(storage),
             "dataRoot": f"{fsx}/data",
             "rendezvousPort": RENDEZVOUS_PORT,
             "jobHangTimeoutSeconds": health.job_hang_timeout_minutes * 60,

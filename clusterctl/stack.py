@@ -23,8 +23,8 @@ REQUIRED_OUTPUTS = (
 # submit refuses (redeploy), and status and cancel find jobs in SSM's command history as before.
 JOB_TABLE_OUTPUT = "JobTableName"
 MAX_JOB_RESTARTS_OUTPUT = "MaxJobRestarts"
-# The node config's training.checkpointRoot, when the stack outputs it: a job's record then names its
-# checkpoint directory (node_bootstrap.jobs.checkpoint_dir). Not an output of this version's stack.
+# The node config's training.checkpointRoot: a job's record names its checkpoint directory from it
+# (node_bootstrap.jobs.checkpoint_dir). A stack deployed before this output has none: the record's is then "".
 CHECKPOINT_ROOT_OUTPUT = "CheckpointRoot"
 
 

@@ -24,7 +24,7 @@ from cluster_constructs.dashboard import ClusterDashboard
 from cluster_constructs.job_keeper import JobKeeper
 from cluster_constructs.jobs import JobRunner
 from cluster_constructs.network import ClusterNetwork
-from cluster_constructs.node_config import BUNDLE_DIR, render_node_config
+from cluster_constructs.node_config import BUNDLE_DIR, checkpoint_root, render_node_config
 from cluster_constructs.observability import ClusterObservability, retention_days
 from cluster_constructs.storage import ClusterStorage
 from stacks.checkov_exceptions import apply_checkov_exceptions
@@ -194,6 +194,7 @@ class TrainingClusterStack(Stack):
             "FileSystemId": storage.file_system.ref,
             "FileSystemDnsName": storage.dns_name,
             "FileSystemMountName": storage.mount_name,
+            "CheckpointRoot": checkpoint_root(settings.storage),
             # What a retained file system still uses after `cdk destroy`: note them first (docs/operations.md).
             "VpcId": network.vpc.vpc_id,
             "FileSystemSubnetId": subnet.subnet_id,

@@ -27,7 +27,7 @@ import math
 import resource
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -96,6 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--preset", choices=list(MODEL_PRESETS), help="model shape (default: 1b on GPU, tiny on CPU)"
     )
+    parser.add_argument(
+        "--layers",
+        type=int,
+        help="transformer blocks instead of the preset's (default: the preset's); e.g. --preset llama3-8b "
+        "--layers 4 times Llama 3 8B's matmul shapes on one GPU, where the whole model does not fit",
+    )
     parser.add_argument("--seq-len", type=int, help="tokens per sample (default: 4096 on GPU, 128 on CPU)")
     parser.add_argument("--micro-batch-size", type=int, help="samples per step (default: 2 on GPU, 8 on CPU)")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per backend (default: 10)")
@@ -154,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         backends = _parse_backends(args.backends)
         torchao_recipes = _parse_recipes("--torchao-recipes", args.torchao_recipes, TORCHAO_RECIPES)
         te_recipes = _parse_recipes("--te-recipes", args.te_recipes, TE_RECIPES)
-        for name in ("steps", "warmup_steps", "seq_len", "micro_batch_size"):
+        for name in ("steps", "warmup_steps", "seq_len", "micro_batch_size", "layers"):
             value = getattr(args, name)
             if value is not None and value < (0 if name == "warmup_steps" else 1):
                 raise ConfigError(
@@ -181,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     seq_len = args.seq_len or (4096 if on_gpu else 128)
     micro_batch_size = args.micro_batch_size or (2 if on_gpu else 8)
     model_cfg = build_model_config(preset)
+    if args.layers is not None:
+        model_cfg = replace(model_cfg, n_layers=args.layers)
     # bf16 params on a GPU (the training default); float32 on a CPU, where bf16 matmuls are slow reference
     # kernels on most CPUs (see configs/tiny-cpu.toml)
     parallel_cfg = ParallelConfig(
@@ -191,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     header = {
         "device": device_name(info.device),
         "preset": preset,
+        "n_layers": model_cfg.n_layers,  # the preset's unless --layers
         "params": count_params(model_cfg),
         "seq_len": seq_len,
         "micro_batch_size": micro_batch_size,
@@ -481,7 +490,8 @@ def _nvidia_driver() -> str | None:
 def format_table(header: dict, results: list[BenchResult]) -> str:
     """The human-readable report: one line of context, one row per backend, then the skip/fail reasons."""
     lines = [
-        f"device {header['device']} | preset {header['preset']} ({header['params'] / 1e6:.1f}M params)"
+        f"device {header['device']} | preset {header['preset']} ({header['n_layers']} layers, "
+        f"{header['params'] / 1e6:.1f}M params)"
         + f" | seq {header['seq_len']} x micro-batch {header['micro_batch_size']}"
         + f" | {header['flops_per_token'] / 1e9:.3f} GFLOP/token"
         + f" | AC {'on' if header['parallel']['activation_checkpointing'] else 'off'}"

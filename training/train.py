@@ -11,6 +11,7 @@ the state after 10 steps and a resume from it continues with index 10.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import time
@@ -69,13 +70,20 @@ def _build_and_train(cfg: TrainConfig, resume: str, stop: StopRequest) -> TrainR
     # 1) process group and device: nccl on CUDA (plus gloo for CPU tensors), gloo on the CPU
     dist_info = init_distributed(cfg.parallel.init_timeout_seconds)
     try:
-        return _train_in_group(cfg, resume, stop, dist_info)
+        result = _train_in_group(cfg, resume, stop, dist_info)
     except ConfigError:
         # A start-up check every rank fails alike (a --resume path that is no checkpoint, unreadable shards):
         # tear the group down before the error reaches the CLI, or the interpreter can abort at exit on the
         # process group's still-running threads ("terminate called without an active exception").
         destroy_distributed()
         raise
+    # The FSDP2 model outlives _train_in_group in reference cycles (its hooks and states refer to each other),
+    # and with it the process groups and gloo work objects its collectives left. Collected by chance at
+    # interpreter shutdown, a gloo object that frees a tensor needs the GIL of an interpreter half torn down:
+    # the rank aborted after its last step ("terminate called without an active exception", exit -6), now
+    # and then. Collect them here, while the interpreter is whole.
+    gc.collect()
+    return result
 
 
 def _train_in_group(cfg: TrainConfig, resume: str, stop: StopRequest, dist_info: DistInfo) -> TrainResult:

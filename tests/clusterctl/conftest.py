@@ -126,9 +126,9 @@ def end_job(job_id, state="succeeded", reason=None):
 
 
 def deploy_fake_cluster(nodes=3, instance_type="p5.48xlarge", capacity_mode="on-demand", bootstrap="ready",
-                        job_table=True, extra_outputs=None):
+                        job_table=True, checkpoint_root="/fsx/checkpoints", extra_outputs=None):
     """The stack and its nodes; job_table=False: a stack deployed before the job table (no JobTableName and
-    MaxJobRestarts outputs, no table)."""
+    MaxJobRestarts outputs, no table); checkpoint_root=None: one deployed before the CheckpointRoot output."""
     ec2 = boto3.client("ec2", region_name=REGION)
     vpc = ec2.create_vpc(CidrBlock="10.42.0.0/16")["Vpc"]["VpcId"]
     subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.42.1.0/24", AvailabilityZone="us-east-1a")["Subnet"]
@@ -161,6 +161,8 @@ def deploy_fake_cluster(nodes=3, instance_type="p5.48xlarge", capacity_mode="on-
         "CapacityMode": capacity_mode,
         "DataBucketName": "training-data-bucket",
     }
+    if checkpoint_root is not None:
+        outputs["CheckpointRoot"] = checkpoint_root
     if job_table:
         outputs["JobTableName"] = create_job_table()
         outputs["MaxJobRestarts"] = str(MAX_JOB_RESTARTS)

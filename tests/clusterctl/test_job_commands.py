@@ -118,7 +118,7 @@ def test_submit_writes_the_record_before_any_node_is_touched(at_now, sent, clust
         max_restarts=2,
         max_job_restarts=fakes.MAX_JOB_RESTARTS,
         instance_type="p5.48xlarge",
-        checkpoint_dir="",  # the stack outputs no CheckpointRoot
+        checkpoint_dir=f"/fsx/checkpoints/{job_id}",  # the stack's CheckpointRoot + the job id, as the nodes
         state="starting",
         created_at="2026-11-20T23:15:02Z",
         updated_at="2026-11-20T23:15:02Z",
@@ -140,7 +140,8 @@ def test_a_started_job_is_recorded_running_with_the_nodes_answers(at_now, sent, 
     result = cli("submit", "--config", TINY, "--nodes", "2", "--json")
     assert result.code == EXIT_OK, result.err
     report = json.loads(result.out)
-    assert report["failed"] == {} and report["jobTable"] == fakes.JOB_TABLE and report["checkpointDir"] is None
+    assert report["failed"] == {} and report["jobTable"] == fakes.JOB_TABLE
+    assert report["checkpointDir"] == f"/fsx/checkpoints/{report['jobId']}"
     record = fakes.job_table().get(report["jobId"])
     assert (record.state, record.version) == ("running", 2)
     assert record.current.node_reports == [
@@ -225,12 +226,20 @@ def test_a_commcheck_is_recorded_like_a_job(at_now, sent, cluster, fakes):
 
 
 def test_the_checkpoint_dir_is_the_nodes_rule_when_the_stack_outputs_the_root(at_now, sent, moto_aws, fakes):
-    fakes.deploy_fake_cluster(extra_outputs={"CheckpointRoot": "/lustre/checkpoints/"})
+    fakes.deploy_fake_cluster(checkpoint_root="/lustre/checkpoints/")
     result = at_now("submit", "--config", TINY, "--resume-from", "j-20261119-101500-0a0b")
     assert result.code == EXIT_OK, result.err
     record = fakes.job_table().get(result.lines[0])
     assert record.checkpoint_dir == f"/lustre/checkpoints/{record.job_id}"  # node_bootstrap.jobs.checkpoint_dir
     assert record.resume_from == "j-20261119-101500-0a0b"
+
+
+def test_a_stack_deployed_before_the_checkpoint_root_output_records_no_checkpoint_dir(at_now, sent, moto_aws,
+                                                                                     fakes):
+    fakes.deploy_fake_cluster(checkpoint_root=None)
+    result = at_now("submit", "--config", TINY)
+    assert result.code == EXIT_OK, result.err
+    assert fakes.job_table().get(result.lines[0]).checkpoint_dir == ""
 
 
 def test_a_start_that_fails_on_a_node_is_recorded_failed_and_stopped_where_it_started(cli, cluster, fakes,

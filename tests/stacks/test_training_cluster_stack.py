@@ -17,6 +17,7 @@ OUTPUT_KEYS = {
     "FileSystemId",
     "FileSystemDnsName",
     "FileSystemMountName",
+    "CheckpointRoot",
     "AutoScalingGroupName",
     "LaunchTemplateId",
     "LogGroupName",
@@ -71,6 +72,9 @@ def test_outputs_for_clusterctl(synth, variant):
     assert outputs["NodeCount"]["Value"] == str(stack.settings.compute.node_count)
     assert outputs["CapacityMode"]["Value"] == stack.settings.capacity.mode.value
     assert set(outputs["AutoScalingGroupName"]["Value"]) == {"Ref"}  # the group's name, resolved at deploy
+    # the nodes' rule for where checkpoints go, the one clusterctl records in each job
+    assert outputs["CheckpointRoot"]["Value"] == _node_config(stack)["training"]["checkpointRoot"]
+    assert outputs["CheckpointRoot"]["Value"] == f"{stack.settings.storage.fsx_mount_point}/checkpoints"
 
 
 def _keeper_rules(stack) -> dict[str, dict]:
@@ -292,6 +296,12 @@ def _user_data_text(stack) -> str:
     return "".join(p if isinstance(p, str) else fillers[next(iter(p))] for p in parts)
 
 
+def _node_config(stack) -> dict:
+    match = re.search(r"<<'NODE_CONFIG_EOF'\n(.*?)\nNODE_CONFIG_EOF\n", _user_data_text(stack), re.S)
+    assert match, "node config heredoc not found"
+    return json.loads(match.group(1))
+
+
 @pytest.mark.parametrize("variant", ["default-p5-on-demand", "p4d-isolated"])
 def test_user_data_is_valid_bash_within_the_ec2_limit(synth, variant, tmp_path):
     text = _user_data_text(synth(variant))
@@ -302,10 +312,7 @@ def test_user_data_is_valid_bash_within_the_ec2_limit(synth, variant, tmp_path):
     result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "python3 -m node_bootstrap run" in text
-    # the node config rides along as JSON the node can parse
-    match = re.search(r"<<'NODE_CONFIG_EOF'\n(.*?)\nNODE_CONFIG_EOF\n", text, re.S)
-    assert match, "node config heredoc not found"
-    config = json.loads(match.group(1))
+    config = _node_config(synth(variant))  # the node config rides along as JSON the node can parse
     assert config["instanceType"] == synth(variant).settings.compute.instance_type.name
     assert config["lustre"]["dnsName"] == "fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com"
 

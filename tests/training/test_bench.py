@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from training.bench import (
     format_table,
     main,
 )
+from training.model import build_model_config, count_params, flops_per_token
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -55,7 +57,7 @@ def test_cpu_run_prints_the_table_for_every_backend(bench_run):
     result, _ = bench_run
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("device cpu | preset tiny (0.1M params) | seq 32 x micro-batch 8")
+    assert lines[0].startswith("device cpu | preset tiny (2 layers, 0.1M params) | seq 32 x micro-batch 8")
     assert lines[1].split() == [
         "backend",
         "status",
@@ -92,6 +94,7 @@ def test_cpu_run_prints_the_table_for_every_backend(bench_run):
 def test_json_has_the_numbers_and_the_versions(bench_run):
     _, data = bench_run
     assert data["preset"] == "tiny" and data["seq_len"] == 32 and data["peak_bf16_tflops"] is None
+    assert data["n_layers"] == 2  # the preset's
     assert data["versions"]["torchao"]  # imported by the torchao run
     results = {r["backend"]: r for r in data["results"]}
     assert data["fp8_all_gather"] is False  # one rank: nothing to all-gather (torchtitan's rule)
@@ -146,6 +149,28 @@ def test_ratio_is_ours_over_torchtitans_for_the_same_backend_and_recipe():
     assert results[2].vs_torchtitan is None
 
 
+def test_layers_override_the_presets_depth_and_everything_counted_from_it(tmp_path):
+    out = tmp_path / "bench.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "training.bench", "--layers", "1", "--backends", "none", "--steps", "1",
+         "--warmup-steps", "0", "--seq-len", "16", "--json", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(out.read_text())
+    one_layer = replace(build_model_config("tiny"), n_layers=1)
+    assert data["n_layers"] == 1
+    assert data["params"] == count_params(one_layer) < count_params(build_model_config("tiny"))
+    assert data["flops_per_token"] == flops_per_token(one_layer, 16)
+    assert result.stdout.startswith("device cpu | preset tiny (1 layers, ")
+
+
+def test_a_depth_below_one_is_a_usage_error(capsys):
+    assert main(["--layers", "0"]) == 2
+    assert "--layers=0: allowed: an integer >= 1" in capsys.readouterr().err
+
+
 def test_help_lists_the_documented_options():
     help_text = build_parser().format_help()
     for option in (
@@ -163,6 +188,7 @@ def test_help_lists_the_documented_options():
         "--sdpa-priority",
         "--fp8-all-gather",
         "--profile",
+        "--layers",
     ):
         assert option in help_text
 
@@ -171,6 +197,7 @@ def test_table_shows_mfu_as_a_percentage_and_failures_with_their_reason():
     header = {
         "device": "NVIDIA H100 80GB HBM3",
         "preset": "1b",
+        "n_layers": 16,
         "params": 1.5e9,
         "seq_len": 4096,
         "micro_batch_size": 2,
