@@ -310,6 +310,8 @@ class JobRunner(Construct):
                 iam.PolicyStatement(
                     # clusterctl top: the nodes' and the trainer's metrics. CloudWatch metric reads take no
                     # resource ARN (Service Authorization Reference, "Actions defined by Amazon CloudWatch").
+                    # ListMetrics finds the job on a stack without the job table; it stays for a clusterctl
+                    # older than the table's use in `top`, which still finds the job that way.
                     sid="ReadClusterMetrics",
                     actions=["cloudwatch:GetMetricData", "cloudwatch:ListMetrics"],
                     resources=["*"],
@@ -323,8 +325,8 @@ class JobRunner(Construct):
         )
 
     def allow_job_table(self, table_arn: str) -> None:
-        """Operators may read and write the job table (clusterctl submit, jobs, status, cancel): the keeper's
-        item actions, on that table only."""
+        """Operators may read and write the job table (clusterctl submit, jobs, status, cancel; top reads the
+        lock and the active job with GetItem): the keeper's item actions, on that table only."""
         self.operator_policy.add_statements(
             iam.PolicyStatement(sid="JobRecords", actions=list(JOB_TABLE_ACTIONS), resources=[table_arn])
         )

@@ -24,13 +24,19 @@ def record_json(record: JobRecord, now: datetime.datetime) -> dict[str, object]:
     return data
 
 
+def attempt_summary(state: str, attempt: int, max_job_restarts: int) -> str:
+    """A job's state and attempt as `status` and `top` show them: `restarting, attempt 2 (restarts: 1 of at
+    most 5)`. Attempt 1 is the submit; each restart on a new node set adds one."""
+    return f"{state}, attempt {attempt} (restarts: {max(0, attempt - 1)} of at most {max_job_restarts})"
+
+
 def format_record(record: JobRecord) -> str:
     """The job as its record has it: the header, then one row per attempt (STEPS LOST: the step the attempt
     reached minus the step the next one resumed from), then each attempt's nodes."""
     what = f"{record.module} {record.config}".rstrip()
     lines = [
-        f"job {record.job_id}: {record.state}, attempt {record.attempt} (restarts: {record.restarts} of at most "
-        f"{record.max_job_restarts}); {what} on {record.nodes} x {record.instance_type}"
+        f"job {record.job_id}: {attempt_summary(record.state, record.attempt, record.max_job_restarts)}; {what} on "
+        f"{record.nodes} x {record.instance_type}"
     ]
     if record.reason:
         lines.append(f"reason: {record.reason}")

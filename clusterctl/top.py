@@ -1,16 +1,27 @@
 """`clusterctl top`: what the cluster is doing now, from CloudWatch: per node GPU utilization, memory,
-temperature, power and EFA throughput; the running job's step, loss, tokens/s, MFU and ETA; the cost so far.
+temperature, power and EFA throughput; the active job's state and attempt, step, loss, tokens/s, MFU and ETA;
+the cost so far.
 
 Reads the same metrics as the dashboard (cluster_constructs/cluster_metrics.py): the CloudWatch agent's per-node
-roll-ups, the EFA collector's and the trainer's EMF metrics, and the Auto Scaling group's metrics. One
-GetMetricData call per refresh for the nodes and the job (up to 500 queries each), a ListMetrics call to find
-the running job, and a GetMetricData call for the cost since the group was created. GetMetricData is billed per
-metric requested (CloudWatch pricing): a 2-node cluster refreshed every 15 s asks for about 130 000 metrics a
-day; `--interval` trades freshness for that.
+roll-ups, the EFA collector's and the trainer's EMF metrics, and the Auto Scaling group's metrics. Which job to
+show comes from the job table (stack output JobTableName, clusterctl/job_table.py): the job its lock names, with
+the record's state and attempt, so a job that the keeper is restarting shows as restarting, not as a step that
+stopped moving. A stack deployed before the job table has none: there the job is the one whose Step metric is the
+newest in the last 3 hours.
+
+Per refresh: DescribeAutoScalingGroups (twice: the group, and its members) and DescribeInstances for the nodes;
+one GetMetricData call for the nodes and one for the job (up to 500 queries each); to find the job, two
+strongly consistent DynamoDB GetItem calls (the lock, then the job's record: one read of the record's size,
+rounded up to 4 KB, each), or without a job table a ListMetrics call and a GetMetricData call; and a GetMetricData
+call for the cost since the group was created. GetMetricData is billed per metric requested (CloudWatch pricing):
+a 2-node cluster refreshed every 15 s asks for about 130 000 metrics a day; `--interval` trades freshness for
+that. The table is never scanned here: a Scan reads every job ever recorded, so `top` does not name the job
+before the active one (`clusterctl jobs` does).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import math
 from collections.abc import Callable, Iterable, Sequence
@@ -20,6 +31,7 @@ from typing import Any
 from cluster_constructs import cluster_metrics as cm
 from cluster_constructs.instance_types import get_instance_type
 from clusterctl.aws import EXIT_STACK, ClusterctlError
+from clusterctl.job_table import ACTIVE_STATES, JobRecord, JobTable, parse_time
 from clusterctl.nodes import Node, list_nodes
 from clusterctl.stack import StackOutputs
 
@@ -57,7 +69,30 @@ class JobView:
     straggler_ratio: float | None
     slowest_rank: int | None
     eta_s: float | None
-    updated_at: datetime.datetime | None
+    updated_at: datetime.datetime | None  # the newest step record's time
+    # The job table's record (all None on a stack deployed before the job table: the job was found by its metrics)
+    state: str | None = None  # starting, running or restarting (job_table.ACTIVE_STATES)
+    attempt: int | None = None  # 1: the submit; each restart on a new node set adds one
+    restarts: int | None = None
+    max_job_restarts: int | None = None
+    reason: str | None = None  # why the job is in its state: while restarting, the fault that ended the attempt
+    nodes: int | None = None  # the job's node count: a restart waits until that many nodes are ready
+    attempt_started_at: datetime.datetime | None = None  # a step record before this is an earlier attempt's
+    resumed_from_step: int | None = None  # the checkpoint step this attempt resumed from; None: not reported yet
+
+
+@dataclass(frozen=True)
+class EndedJob:
+    """The job the table's lock still names although its record has ended (a lock left behind; the next submit
+    gives it back)."""
+
+    job_id: str
+    state: str
+    ended_at: datetime.datetime | None
+
+
+JOB_FROM_TABLE = "job table"  # ClusterView.job_source: the job table's lock names the job
+JOB_FROM_METRICS = "metrics"  # a stack without a job table: the newest Step metric in the last 3 hours
 
 
 @dataclass(frozen=True)
@@ -72,6 +107,8 @@ class ClusterView:
     cost_usd: float | None  # estimated On-Demand cost since the group was created
     usd_per_node_hour: float
     notes: list[str] = field(default_factory=list)
+    job_source: str = JOB_FROM_METRICS  # where `job` was found: JOB_FROM_TABLE or JOB_FROM_METRICS
+    ended_job: EndedJob | None = None  # no active job, but the lock names this ended one
 
 
 # ----- GetMetricData ---------------------------------------------------------------------------------------
@@ -239,6 +276,28 @@ def job_view(cloudwatch: Any, cluster: str, job_id: str, now: datetime.datetime)
                    eta_s=value("eta_s"), updated_at=updated)
 
 
+def active_job(table: JobTable, cloudwatch: Any, cluster: str,
+               now: datetime.datetime) -> tuple[JobView | None, EndedJob | None]:
+    """The job the table's lock names, with its metrics and its record's state and attempt. (None, None): no
+    job holds the lock (or its record is gone); (None, EndedJob): the lock names a job whose record has ended."""
+    record = table.active()
+    if record is None:
+        return None, None
+    if record.state not in ACTIVE_STATES:
+        return None, EndedJob(record.job_id, record.state, parse_time(record.ended_at))
+    return with_record(job_view(cloudwatch, cluster, record.job_id, now), record), None
+
+
+def with_record(job: JobView, record: JobRecord) -> JobView:
+    current = record.current
+    return dataclasses.replace(
+        job, state=record.state, attempt=record.attempt, restarts=record.restarts,
+        max_job_restarts=record.max_job_restarts, reason=record.reason, nodes=record.nodes,
+        attempt_started_at=parse_time(current.started_at) if current else None,
+        resumed_from_step=current.resumed_from_step if current else None,
+    )
+
+
 def cost_since(cloudwatch: Any, group: str, created_at: datetime.datetime, now: datetime.datetime,
                usd_per_node_hour: float) -> float:
     """Node-hours in service since `created_at` (the group's GroupInServiceInstances average per period x the
@@ -271,9 +330,17 @@ def collect(client: Callable[[str], Any], outputs: StackOutputs, now: datetime.d
     if nodes and all(v.gpu_utilization_pct is None for v in views):
         notes.append("no GPU metrics from any node in the last 15 minutes: are the nodes still booting, or is "
                      "the CloudWatch agent stopped? (docs/troubleshooting.md, 'No metrics')")
-    job_id = find_running_job(cloudwatch, outputs.stack_name, now)
-    job = job_view(cloudwatch, outputs.stack_name, job_id, now) if job_id else None
+    ended_job = None
+    if outputs.job_table_name is not None:
+        table = JobTable(client("dynamodb"), outputs.job_table_name)
+        job, ended_job = active_job(table, cloudwatch, outputs.stack_name, now)
+        source = JOB_FROM_TABLE
+    else:  # a stack deployed before the job table
+        job_id = find_running_job(cloudwatch, outputs.stack_name, now)
+        job = job_view(cloudwatch, outputs.stack_name, job_id, now) if job_id else None
+        source = JOB_FROM_METRICS
     cost = cost_since(cloudwatch, group, created_at, now, price) if created_at else None
     return ClusterView(stack_name=outputs.stack_name, instance_type=outputs.instance_type,
                        node_count=outputs.node_count, collected_at=now, nodes=views, job=job,
-                       group_created_at=created_at, cost_usd=cost, usd_per_node_hour=price, notes=notes)
+                       group_created_at=created_at, cost_usd=cost, usd_per_node_hour=price, notes=notes,
+                       job_source=source, ended_job=ended_job)

@@ -1,10 +1,12 @@
-"""`clusterctl top` on the terminal: a rich table of the nodes and a panel for the running job, redrawn in
-place (rich.live) every --interval seconds, or printed once (--once, --json) for scripts."""
+"""`clusterctl top` on the terminal: a rich table of the nodes and a panel for the active job (its state and
+attempt from the job table, its step metrics), redrawn in place (rich.live) every --interval seconds, or printed
+once (--once, --json) for scripts."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 from typing import TYPE_CHECKING
 
 from rich.console import Console, Group, RenderableType
@@ -13,9 +15,10 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from clusterctl import job_view
 from clusterctl.render import format_time, format_usd, to_json
 from clusterctl.stack import read_stack_outputs
-from clusterctl.top import ClusterView, JobView, NodeView, collect
+from clusterctl.top import JOB_FROM_METRICS, ClusterView, JobView, NodeView, collect
 
 if TYPE_CHECKING:
     from clusterctl.cli import Runtime
@@ -82,24 +85,75 @@ def nodes_table(view: ClusterView) -> Table:
     return table
 
 
-def job_panel(job: JobView | None) -> Panel:
+def _age(seconds: float) -> str:
+    if seconds < 60:
+        return "under a minute ago"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} min ago"
+    return f"{_duration(seconds)} ago"
+
+
+def job_panel(view: ClusterView) -> Panel:
+    job = view.job
     if job is None:
-        return Panel(Text("no job has reported a step in the last 3 hours", style="dim"), title="Job",
-                     title_align="left")
+        return Panel(Text(_no_job_text(view), style="dim"), title="Job", title_align="left")
     steps = f"{_num(job.step)}/{_num(job.run_steps)}"
     if job.step is not None and job.run_steps:
         steps += f" ({100 * job.step / job.run_steps:.0f}%)"
     straggler = "-"
     if job.straggler_ratio is not None:
         straggler = f"x{job.straggler_ratio:.2f} (rank {_num(job.slowest_rank)})"
-    lines = [
+    lines = _record_lines(job)
+    lines += [
         f"step {steps}   loss {_num(job.loss, '{:.4f}')}   ETA {_duration(job.eta_s)}",
         f"tokens/s {_num(job.tokens_per_s, '{:,.0f}')}   MFU {_num(job.mfu_pct, '{:.1f}%')}   "
         f"step time {_num(job.step_time_max_s, '{:.3f}')} s (median rank {_num(job.step_time_median_s, '{:.3f}')}"
         f" s)   slowest/median {straggler}",
-        f"last record {format_time(job.updated_at) or '-'}",
+        _last_record_line(job, view.collected_at),
     ]
-    return Panel(Text("\n".join(lines)), title=f"Job {job.job_id}", title_align="left")
+    text = Text("\n".join(lines))
+    if job.state is not None:  # the first line; bold, so that a stale step under a restart is not read as a hang
+        text.stylize("bold green" if job.state == "running" else "bold yellow", 0, len(job.state))
+    return Panel(text, title=f"Job {job.job_id}", title_align="left")
+
+
+def _no_job_text(view: ClusterView) -> str:
+    if view.job_source == JOB_FROM_METRICS:  # a stack deployed before the job table
+        return "no job has reported a step in the last 3 hours"
+    ended = view.ended_job
+    if ended is not None:
+        return (f"no active job (the last one, {ended.job_id}, ended {ended.state} at "
+                f"{format_time(ended.ended_at) or '-'}): the cluster takes the next submit")
+    return "no active job in the job table: the cluster takes the next submit (clusterctl jobs lists past jobs)"
+
+
+def _record_lines(job: JobView) -> list[str]:
+    """The job table's view of the job: its state and attempt (job_view's wording, as `clusterctl status`),
+    why, and what a restart is waiting for. Nothing on a stack deployed before the job table."""
+    if job.state is None or job.attempt is None or job.max_job_restarts is None:
+        return []
+    lines = [job_view.attempt_summary(job.state, job.attempt, job.max_job_restarts)]
+    if job.reason:
+        lines.append(f"reason: {job.reason}")
+    if job.state == "restarting":
+        lines.append(f"the job keeper starts attempt {job.attempt + 1} once {_num(job.nodes)} nodes are ready: no "
+                     "steps until then")
+    elif job.attempt > 1 and job.resumed_from_step is not None:
+        lines.append(f"attempt {job.attempt} resumed from the checkpoint at step {job.resumed_from_step}")
+    return lines
+
+
+def _last_record_line(job: JobView, now: datetime.datetime) -> str:
+    if job.updated_at is None:
+        if job.state is None:
+            return "last record -"
+        return "last record: none in the last 3 hours"
+    line = f"last record {format_time(job.updated_at)} ({_age((now - job.updated_at).total_seconds())})"
+    if job.state == "restarting":
+        line += f": attempt {job.attempt}'s, before it ended"
+    elif job.attempt_started_at is not None and job.updated_at < job.attempt_started_at:
+        line += f": from before attempt {job.attempt} started at {format_time(job.attempt_started_at)}"
+    return line
 
 
 def render(view: ClusterView) -> RenderableType:
@@ -113,7 +167,7 @@ def render(view: ClusterView) -> RenderableType:
         ("cost so far ", ""), (f"~{cost}", "bold"),
         f"{since} (nodes in service x {format_usd(view.usd_per_node_hour)}/h On-Demand: an estimate)",
     )
-    parts: list[RenderableType] = [header, nodes_table(view), job_panel(view.job)]
+    parts: list[RenderableType] = [header, nodes_table(view), job_panel(view)]
     parts += [Text(note, style="yellow") for note in view.notes]
     return Group(*parts)
 
@@ -156,10 +210,13 @@ def add_parser(add) -> None:
     parser = add(
         "top",
         "A live view of the cluster from CloudWatch: per node GPU utilization, memory, temperature, power and "
-        "EFA throughput; the running job's step, loss, tokens/s, MFU and ETA; the estimated cost so far.",
+        "EFA throughput; the active job's state and attempt, step, loss, tokens/s, MFU and ETA; the estimated "
+        "cost so far.",
         epilog="Data comes from the nodes' CloudWatch agent and EMF metrics (docs/observability.md), at the "
         "stack's metrics interval (output MetricsIntervalSeconds): a refresh faster than that only repeats. "
-        "Each refresh is a few GetMetricData calls, billed per metric asked for.",
+        "The job is the one the job table names active (stack output JobTableName; on a stack deployed before "
+        "it: the job with the newest step metric in the last 3 hours). Each refresh is a few GetMetricData "
+        "calls, billed per metric asked for, and two DynamoDB GetItem reads.",
     )
     parser.add_argument("--once", action="store_true", help="print one snapshot and exit (for scripts)")
     parser.add_argument("--interval", type=interval, default=DEFAULT_INTERVAL_S, metavar="SECONDS",

@@ -9,10 +9,17 @@ that it stays hidden behind the step even on a busy host. The shards are written
 first epoch is slower (docs/benchmarks.md says how it was measured).
 
 ``checkpoint``: for the preset's model and AdamW state after one step, the time a periodic async save blocks
-the training loop (``Checkpointer.save(blocking=False)`` until it returns: DCP's staging of the state into
-CPU memory), the time until that save is complete on disk, and the time a blocking save takes (the SIGTERM
-path, which must fit torchrun's shutdown window). The target directory decides the write speed: measure on
-the file system the cluster will use.
+the training loop (``Checkpointer.save(blocking=False)`` until it returns), the time until its copy of the
+state in CPU memory is complete (``wait_for_staging``: the loop waits for it before its next optimizer step,
+so in training only what exceeds the next forward and backward holds the loop; here nothing runs between),
+the time until that save is complete on disk, and the time a blocking save takes (the SIGTERM path, which
+must fit torchrun's shutdown window). ``phases_s`` breaks the async saves down: ``build_state`` (the state
+dict, on the loop), ``describe`` (each tensor's fingerprint), ``copy`` (into CPU memory), ``verify`` (the
+planner's check of the copy, on DCP's thread). ``--staging`` picks ``checkpoint.staging``: ``auto``
+(background, pinned on CUDA), ``pinned``, ``pageable``, or ``inline`` (DCP's default: the copy and the
+fingerprints inside the save call; run it for the before/after on one machine). The first async save also
+allocates (and pins) the staging buffers that later saves reuse: ``all`` lists each save. The target
+directory decides the write speed: measure on the file system the cluster will use.
 """
 
 from __future__ import annotations
@@ -29,7 +36,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from training.checkpoint import CheckpointConfig, Checkpointer, is_complete, step_dir
+from training.checkpoint import CheckpointConfig, Checkpointer, SaveTimings, is_complete, step_dir
+from training.config_sections import STAGING_MODES
 from training.data import DataConfig, Prefetcher, build_batch_source
 from training.errors import ConfigError
 from training.fp8 import NoFp8
@@ -57,10 +65,19 @@ def build_parser() -> argparse.ArgumentParser:
     loader.add_argument("--gpu-tokens-per-s", type=float, help="what one GPU consumes, for the ratio")
     loader.add_argument("--workdir", type=Path, help="where random shards are written (default: a temp dir)")
     loader.add_argument("--json", type=Path, metavar="PATH")
-    ckpt = sub.add_parser("checkpoint", help="how long saves block the loop and take to complete")
+    ckpt = sub.add_parser(
+        "checkpoint",
+        help="how long saves hold the loop, stage and take to complete, phase by phase",
+        description="How long an async save holds the loop, until its copy in CPU memory is complete and "
+                    "until it is complete on disk, with each phase (build_state, describe, copy, verify), and "
+                    "how long a blocking (SIGTERM) save takes. JSON on stdout, a summary on stderr.",
+    )
     ckpt.add_argument("--preset", choices=list(MODEL_PRESETS), default="1b")
     ckpt.add_argument("--dir", type=Path, required=True, help="checkpoint root to write to (emptied first)")
     ckpt.add_argument("--repeats", type=int, default=3, help="saves of each kind")
+    ckpt.add_argument("--staging", choices=STAGING_MODES, default="auto",
+                      help="checkpoint.staging for the async saves (default: auto; inline = DCP's default, "
+                           "the copy inside the save call)")
     ckpt.add_argument("--json", type=Path, metavar="PATH")
     return parser
 
@@ -73,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(result, indent=2))
+    if result["benchmark"] == "checkpoint":
+        print(checkpoint_summary(result), file=sys.stderr)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0
@@ -165,19 +184,25 @@ def run_checkpoint(args: argparse.Namespace) -> dict:
 
         shutil.rmtree(args.dir, ignore_errors=True)
         checkpointer = Checkpointer(
-            CheckpointConfig(dir=str(args.dir), keep_last=1), rank=info.rank, world_size=info.world_size,
-            config_snapshot={},
+            CheckpointConfig(dir=str(args.dir), keep_last=1, staging=args.staging), rank=info.rank,
+            world_size=info.world_size, config_snapshot={}, device=info.device,
         )
-        blocked, complete, blocking = [], [], []
+        blocked, staged, complete, blocking = [], [], [], []
+        phases: list[SaveTimings] = []
         step = 0
         for _ in range(args.repeats):
             step += 1
             began = time.perf_counter()
             checkpointer.save(step, model, optimizer, blocking=False)
             blocked.append(time.perf_counter() - began)
+            checkpointer.wait_for_staging()
+            staged.append(time.perf_counter() - began)
             checkpointer.wait()
             complete.append(time.perf_counter() - began)
-            assert is_complete(step_dir(args.dir, step))
+            assert is_complete(step_dir(args.dir, step)) and checkpointer.last_timings is not None
+            phases.append(checkpointer.last_timings)
+        staging_kind = phases[0].staging
+        pinned = checkpointer.staging_pinned
         for _ in range(args.repeats):
             step += 1
             began = time.perf_counter()
@@ -193,11 +218,38 @@ def run_checkpoint(args: argparse.Namespace) -> dict:
         "params": count_params(model_cfg),
         "state_gib": state_bytes / GIB,
         "dir": str(args.dir),
+        "torch": torch.__version__,
+        "staging": {"setting": args.staging, "where": staging_kind, "pinned": pinned},
         "async_blocks_loop_s": _summary(blocked),
+        "async_staged_s": _summary(staged),
         "async_until_complete_s": _summary(complete),
+        "phases_s": {
+            name: _summary([getattr(t, f"{name}_s") for t in phases])
+            for name in ("build_state", "describe", "copy", "verify")
+            if all(getattr(t, f"{name}_s") is not None for t in phases)
+        },
         "blocking_save_s": _summary(blocking),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+
+
+_WHERE = {"background": "on a staging thread beside the loop", "inline": "inside save()"}
+
+
+def checkpoint_summary(result: dict) -> str:
+    """The checkpoint result in a few lines for people (the JSON on stdout is the record)."""
+    staging = result["staging"]
+    pinned = {True: "pinned", False: "pageable", None: "new pageable memory each save"}[staging["pinned"]]
+    lines = [
+        f"checkpoint, {result['preset']} ({result['state_gib']:.2f} GiB of state) on {result['device']}, "
+        f"torch {result['torch']}; async saves copy the state {_WHERE[staging['where']]} ({pinned}):",
+        f"  loop held by save()        {result['async_blocks_loop_s']['median']:8.2f} s (median)",
+        f"  staged copy complete after {result['async_staged_s']['median']:8.2f} s",
+        f"  checkpoint complete after  {result['async_until_complete_s']['median']:8.2f} s",
+    ]
+    lines += [f"    {name:<24} {summary['median']:8.2f} s" for name, summary in result["phases_s"].items()]
+    lines.append(f"  blocking save (SIGTERM)    {result['blocking_save_s']['median']:8.2f} s")
+    return "\n".join(lines)
 
 
 def _tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer):

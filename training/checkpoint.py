@@ -13,6 +13,10 @@ of a save leaves a directory without the marker, which ``find_latest_complete`` 
 position is not saved: the batch order is a pure function of (seed, step, rank), so the step is all a resume
 needs.
 
+An asynchronous save copies the state to CPU memory on a staging thread beside the loop
+(``checkpoint_staging``): ``save`` returns once the state dict is built, and the loop calls
+``wait_for_staging`` before its next ``optimizer.step()``.
+
 What is saved is ``checkpoint_state.build_state`` (FP8 weight wrappers unwrapped to their high-precision
 tensors, Transformer Engine's extra state as bytes), and every save is verified before DCP writes it
 (``checkpoint_verify``): a state that fails the check fails the save on every rank and is never marked
@@ -38,6 +42,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
+from training.checkpoint_staging import BackgroundStager, StagingJob, staging_api_available, use_pinned_memory
 from training.checkpoint_state import build_state, load_into
 from training.checkpoint_verify import VerifyingSavePlanner, describe
 from training.config_sections import CheckpointConfig
@@ -114,6 +119,34 @@ def resolve_resume(resume: str, checkpoint_root: str) -> Path | None:
     return path
 
 
+@dataclass
+class SaveTimings:
+    """Where one save spent its time, in seconds from the start of ``Checkpointer.save`` unless noted; what
+    ``python -m training.bench_io checkpoint`` reports. None: not measured for this kind of save."""
+
+    step: int
+    staging: str  # "background", "inline" (in the save call) or "blocking" (dcp.save of the live state)
+    build_state_s: float | None = None  # get_state_dict and the FP8 unwrapping (duration, training thread)
+    blocked_s: float | None = None  # until save() returned: how long the loop was held
+    describe_s: float | None = None  # the live state's description with fingerprints (duration)
+    copy_s: float | None = None  # the copy into CPU memory (duration; inline: with describe and DCP's setup)
+    staged_s: float | None = None  # until the staged copy was complete (the loop may change the state)
+    loop_waited_s: float | None = None  # how long wait_for_staging held the loop (duration)
+    verify_s: float | None = None  # the planner's check of what is written (duration, DCP's thread)
+    complete_s: float | None = None  # until the checkpoint was marked complete
+
+
+@dataclass
+class _PendingSave:
+    step: int
+    path: Path
+    upload: Future  # DCP's write; resolves after .metadata is written (on the coordinator)
+    started: float  # time.monotonic() when save() began
+    timings: SaveTimings
+    planner: VerifyingSavePlanner
+    staging: StagingJob | None = None  # the background copy; None once it is known to be done
+
+
 class CheckpointSaveError(RuntimeError):
     """A save failed (its write, or its verification): the checkpoint is not complete."""
 
@@ -128,6 +161,14 @@ def _save_failed(step: int, path: Path, exc: BaseException) -> CheckpointSaveErr
     message = f"checkpoint step {step} failed and is not complete ({path}): {why}"
     log.error("%s", message)
     return CheckpointSaveError(message)
+
+
+def _default_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}s"
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -147,14 +188,28 @@ class Checkpointer:
     the exit.
     """
 
-    def __init__(self, cfg: CheckpointConfig, *, rank: int, world_size: int, config_snapshot: dict[str, Any]):
+    def __init__(self, cfg: CheckpointConfig, *, rank: int, world_size: int, config_snapshot: dict[str, Any],
+                 device: torch.device | None = None):
         self.cfg = cfg
         self.root = Path(cfg.dir) if cfg.dir else None
         self.rank = rank
         self.world_size = world_size
         self._config_snapshot = config_snapshot
-        self._pending: tuple[int, Path, Future, float] | None = None  # step, path, future, start time
+        self._pending: _PendingSave | None = None
         self._last_saved_step: int | None = None
+        self.last_timings: SaveTimings | None = None  # of the last save that completed
+        # Where async saves stage (checkpoint.staging; checkpoint_staging): beside the loop when this torch
+        # has DCP's staging API, else inside the save call as DCP does by default.
+        self._stager: BackgroundStager | None = None
+        if cfg.async_save and self.root is not None and cfg.staging != "inline":
+            device = device if device is not None else _default_device()
+            pinned = use_pinned_memory(cfg.staging, device)  # a bad choice fails here, on every rank alike
+            if staging_api_available():
+                self._stager = BackgroundStager(device=device, pinned=pinned)
+            else:
+                log.warning("checkpoint.staging=%r: this torch (%s) lacks DCP's DefaultStager/StagingOptions or "
+                            "async_save(async_stager=...); async saves stage inside the save call",
+                            cfg.staging, torch.__version__)
         # dcp.async_save runs DCP's collectives from a background thread. They must not share a process group
         # with the training loop's collectives (two threads issuing collectives on one group can interleave
         # and hang), and async save needs a CPU backend; torchtitan uses a separate gloo group for the same
@@ -162,6 +217,11 @@ class Checkpointer:
         self._async_group = None
         if cfg.async_save and self.root is not None and dist.is_initialized():
             self._async_group = dist.new_group(backend="gloo")
+
+    @property
+    def staging_pinned(self) -> bool | None:
+        """Whether async saves stage into pinned buffers; None when they stage inline (new memory each save)."""
+        return None if self._stager is None else self._stager.pinned
 
     @property
     def enabled(self) -> bool:
@@ -177,56 +237,104 @@ class Checkpointer:
 
     def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, *, blocking: bool) -> None:
         """Save the state after ``step`` completed steps into ``<dir>/step-<step>``. With ``blocking=False``
-        and ``checkpoint.async_save`` the write continues in the background once the state is on the CPU."""
+        and ``checkpoint.async_save`` the write continues in the background; with background staging (the
+        default where torch has it) so does the copy of the state, and the caller must call
+        ``wait_for_staging`` before it changes the model or optimizer state (before ``optimizer.step()``)."""
         if self.root is None or step == self._last_saved_step:
             return
-        self.wait()
+        self.wait()  # one save in flight: its staging buffers are the next save's (checkpoint_staging)
         path = step_dir(self.root, step)
         self._clear_stale(path)
         started = time.monotonic()
         state = build_state(model, optimizer)
+        built = time.monotonic() - started
         asynchronous = not blocking and self.cfg.async_save
-        # The description the planner verifies against; for an async save it includes each tensor's bits,
-        # so the staged copy is checked against the live state (checkpoint_verify).
-        planner = VerifyingSavePlanner(describe(state, fingerprints=asynchronous))
         if not asynchronous:
+            timings = SaveTimings(step=step, staging="blocking", build_state_s=built)
+            planner = VerifyingSavePlanner(describe(state, fingerprints=False))
             try:
                 dcp.save(state, checkpoint_id=str(path), planner=planner)
             except (Exception, CheckpointException) as exc:  # CheckpointException is a BaseException
                 raise _save_failed(step, path, exc) from exc
-            self._finish(step, path, started)
-        else:
-            # async_save copies the state to CPU memory before it returns (DCP's DefaultStager), so the next
-            # optimizer step cannot change what is being written
-            future = dcp.async_save(state, checkpoint_id=str(path), process_group=self._async_group,
+            timings.verify_s = planner.verify_s
+            timings.blocked_s = timings.complete_s = time.monotonic() - started
+            self._finish(step, path, started, timings)
+        elif self._stager is None:
+            # DCP's default stager copies the state to new CPU memory before async_save returns; the
+            # description (with each tensor's bits, so the staged copy is checked against the live state) is
+            # taken first, on this thread
+            timings = SaveTimings(step=step, staging="inline", build_state_s=built)
+            began = time.monotonic()
+            planner = VerifyingSavePlanner(describe(state, fingerprints=True))
+            timings.describe_s = time.monotonic() - began
+            began = time.monotonic()
+            upload = dcp.async_save(state, checkpoint_id=str(path), process_group=self._async_group,
                                     planner=planner)
-            self._pending = (step, path, future, started)
-            log.info("checkpoint step %d: staged in %.2fs, writing in the background", step,
-                     time.monotonic() - started)
+            upload = getattr(upload, "upload_completion", upload)  # a torch whose async_save answers a response
+            timings.copy_s = time.monotonic() - began
+            timings.blocked_s = timings.staged_s = time.monotonic() - started
+            self._pending = _PendingSave(step, path, upload, started, timings, planner)
+            log.info("checkpoint step %d: staged in %.2fs, writing in the background", step, timings.staged_s)
+        else:
+            timings = SaveTimings(step=step, staging="background", build_state_s=built)
+            job = self._stager.job()
+            planner = VerifyingSavePlanner(job.description)
+            response = dcp.async_save(state, checkpoint_id=str(path), process_group=self._async_group,
+                                      planner=planner, async_stager=job)
+            upload = getattr(response, "upload_completion", response)
+            timings.blocked_s = time.monotonic() - started
+            self._pending = _PendingSave(step, path, upload, started, timings, planner, staging=job)
+            log.info("checkpoint step %d: staging in the background (the loop was held %.2fs)", step,
+                     timings.blocked_s)
         self._last_saved_step = step
+
+    def wait_for_staging(self) -> None:
+        """Block until the pending save's background copy of the state is complete (no-op without one). The
+        loop calls it right before ``optimizer.step()``: from then on the state may change."""
+        pending = self._pending
+        if pending is None or pending.staging is None:
+            return
+        job, pending.staging = pending.staging, None
+        began = time.monotonic()
+        assert job.staged is not None  # dcp.async_save called job.stage before it returned
+        job.staged.result()  # never fails: a failed staging fails the save's planning (checkpoint_staging)
+        timings = pending.timings
+        timings.loop_waited_s = time.monotonic() - began
+        timings.staged_s = time.monotonic() - pending.started
+        timings.describe_s, timings.copy_s = job.times.describe_s, job.times.copy_s
+        log.info("checkpoint step %d: staged in %.2fs (fingerprints %s, copy %s), the loop waited %.2fs for it",
+                 pending.step, timings.staged_s, _seconds(timings.describe_s), _seconds(timings.copy_s),
+                 timings.loop_waited_s)
 
     def poll(self) -> None:
         """Finish a pending async save whose write has completed (call at step boundaries)."""
-        if self._pending is not None and self._pending[2].done():
+        if self._pending is not None and self._pending.upload.done():
             self.wait()
 
     def wait(self) -> None:
         """Block until the pending async save (if any) has been written, then mark it complete."""
         if self._pending is None:
             return
-        step, path, future, started = self._pending
-        self._pending = None
+        self.wait_for_staging()
+        pending, self._pending = self._pending, None
         try:
-            future.result()  # re-raises a failed write: a checkpoint that failed must not be marked complete
+            pending.upload.result()  # re-raises a failed write: a checkpoint that failed must not be marked complete
         except (Exception, CheckpointException) as exc:
-            raise _save_failed(step, path, exc) from exc
-        self._finish(step, path, started)
+            raise _save_failed(pending.step, pending.path, exc) from exc
+        pending.timings.verify_s = pending.planner.verify_s
+        pending.timings.complete_s = time.monotonic() - pending.started
+        self._finish(pending.step, pending.path, pending.started, pending.timings)
 
     def close(self) -> None:
-        self.wait()
-        if self._async_group is not None:
-            dist.destroy_process_group(self._async_group)
-            self._async_group = None
+        try:
+            self.wait()
+        finally:
+            if self._stager is not None:
+                self._stager.close()
+                self._stager = None
+            if self._async_group is not None:
+                dist.destroy_process_group(self._async_group)
+                self._async_group = None
 
     def close_after_error(self) -> None:
         """``close`` on the way out of a failed run: a pending save that still completes is marked complete
@@ -258,8 +366,9 @@ class Checkpointer:
         if dist.is_initialized():
             dist.barrier()
 
-    def _finish(self, step: int, path: Path, started: float) -> None:
+    def _finish(self, step: int, path: Path, started: float, timings: SaveTimings) -> None:
         """Mark a written checkpoint complete and delete old ones (rank 0; the directory is shared)."""
+        self.last_timings = timings
         if self.rank != 0:
             return
         # On rank 0, DCP's save returns (and its future resolves) only after the coordinator gathered every

@@ -1,6 +1,7 @@
 """A checkpoint is verified before it counts.
 
-At each save, on the training thread and before DCP copies anything, the state is described: per entry its
+At each save, before DCP copies anything, the state is described (on the training thread, or on the
+background staging thread while the loop waits to change the state: checkpoint_staging): per entry its
 kind, dtype, global and local shape and, for an asynchronous save, a fingerprint of its bits (the sum of the
 elements' bit patterns as integers of their width, wrapping: exact and independent of summation order, so a
 GPU tensor and its CPU copy agree). The planner DCP runs for that save checks the state it is handed against
@@ -22,7 +23,9 @@ docs/operations.md).
 
 from __future__ import annotations
 
+import time
 import zlib
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,14 +109,20 @@ def verify(state: Any, expected: dict[str, EntrySpec]) -> None:
 
 
 class VerifyingSavePlanner(DefaultSavePlanner):
-    """DCP's default save planner, after ``verify`` passed on the state DCP is about to write."""
+    """DCP's default save planner, after ``verify`` passed on the state DCP is about to write. ``expected``
+    may be a future of the description (a background staging job describes the live state before it copies
+    it, checkpoint_staging); DCP plans only after staging finished, so it is resolved by then."""
 
-    def __init__(self, expected: dict[str, EntrySpec]) -> None:
+    def __init__(self, expected: dict[str, EntrySpec] | Future[dict[str, EntrySpec]]) -> None:
         super().__init__()
         self.expected = expected
+        self.verify_s: float | None = None  # how long the check took (seconds, on DCP's thread)
 
     def set_up_planner(self, state_dict: Any, storage_meta: Any = None, is_coordinator: bool = False) -> None:
-        verify(state_dict, self.expected)
+        began = time.perf_counter()
+        expected = self.expected.result() if isinstance(self.expected, Future) else self.expected
+        verify(state_dict, expected)
+        self.verify_s = time.perf_counter() - began
         super().set_up_planner(state_dict, storage_meta, is_coordinator)
 
 

@@ -29,6 +29,8 @@ DEFAULT_INIT_TIMEOUT_S = 600  # [parallel] process-group timeout until the first
 # [metrics]: one CloudWatch dimension, Name=Value; when to write EMF step records
 _DIMENSION = re.compile(r"^[^=,]+=[^=,]+$")
 EMF_MODES = ("auto", "on", "off")
+# [checkpoint]: where an asynchronous save copies the state (training/checkpoint_staging.py)
+STAGING_MODES = ("auto", "pinned", "pageable", "inline")
 JOB_ID_ENV = "CLUSTER_JOB_ID"  # set by node_bootstrap.jobs' supervisor for every job
 
 
@@ -264,8 +266,16 @@ class CheckpointConfig:
     keep_last: int = 3  # complete checkpoints kept; older ones are deleted after a newer one completes
     async_save: bool = True  # periodic saves with dcp.async_save (training continues while it writes)
     save_final: bool = True  # save after the last step
+    # How an async save copies the state to CPU memory. "auto": on a staging thread beside the loop (which
+    # waits for it only before its next optimizer step), into CPU buffers kept across saves, pinned where the
+    # device is CUDA; "pinned" / "pageable" force that choice ("pinned" needs CUDA); "inline": inside the
+    # save call, into new pageable memory each time (DCP's default, the loop waits for the whole copy). The
+    # kept buffers hold one copy of this rank's model and optimizer state in host memory for the whole run.
+    staging: str = "auto"
 
     def validate(self) -> None:
+        if self.staging not in STAGING_MODES:
+            raise ConfigError(f"checkpoint.staging={self.staging!r}: allowed: {', '.join(STAGING_MODES)}")
         if not isinstance(self.dir, str):
             raise ConfigError(f"checkpoint.dir={self.dir!r}: allowed: a directory path, or '' for none")
         if not _is_int_at_least(self.interval_steps, minimum=0):

@@ -104,7 +104,7 @@ def _train_in_group(cfg: TrainConfig, resume: str, stop: StopRequest, dist_info:
 
     # 10) resume: rank 0 picks the checkpoint, every rank loads its shards of it; the resume line says which
     checkpointer = Checkpointer(cfg.checkpoint, rank=dist_info.rank, world_size=dist_info.world_size,
-                                config_snapshot=cfg.to_dict())
+                                config_snapshot=cfg.to_dict(), device=dist_info.device)
     start_step = 0
     resume_path = _agree_on_resume(resume, cfg.checkpoint.dir, dist_info.rank)
     if resume_path is not None:
@@ -191,6 +191,9 @@ def _loop(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, 
             loss = _forward_backward(model, fp8, prefetcher.next_step(), run.grad_accum_steps,
                                      loss_chunk_tokens=cfg.parallel.loss_chunk_tokens)
             grad_norm = clip_grad_norm_(model, cfg.optim.max_grad_norm)
+            # a save's background copy of the state overlaps forward and backward; it must be complete before
+            # the step changes the parameters and optimizer state (no-op without a save in flight)
+            checkpointer.wait_for_staging()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             fp8.post_optimizer_step(model)

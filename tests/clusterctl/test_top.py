@@ -5,6 +5,7 @@ metrics. Rendering is checked with rich's console capture."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import io
 import json
@@ -17,7 +18,9 @@ from metric_contract import agent_published
 from rich.console import Console
 
 from cluster_constructs.cloudwatch_agent import render_agent_config
+from cluster_constructs.job_keeper import JOB_TABLE_ACTIONS
 from clusterctl.cli import Runtime, main
+from clusterctl.job_table import LOCK_KEY, Attempt, JobRecord
 from clusterctl.top import ClusterView, JobView, NodeView
 from clusterctl.top_view import render
 from node_bootstrap.config import MetricsConfig as NodeMetricsConfig
@@ -77,9 +80,9 @@ def efa_data(tmp_path, instance_id: str, at: datetime.datetime, tx_bytes: int, e
     return [d for line in collector.sample() for d in extracted_metrics(parse_emf_line(line))]
 
 
-def trainer_data(monkeypatch, at: datetime.datetime) -> list[dict]:
+def trainer_data(monkeypatch, at: datetime.datetime, job_id: str = JOB) -> list[dict]:
     monkeypatch.setenv("CLUSTER_STACK_NAME", STACK)
-    monkeypatch.setenv("CLUSTER_JOB_ID", JOB)
+    monkeypatch.setenv("CLUSTER_JOB_ID", job_id)
     monkeypatch.setattr("training.metrics.time.time", lambda: at.timestamp())
     err = io.StringIO()
     model = ThroughputModel(tokens_per_step=8 * 2048 * 16, world_size=16, flops_per_token=1e10,
@@ -99,10 +102,35 @@ def in_service_data(start: datetime.datetime, minutes: int, nodes: int) -> list[
             for m in range(minutes)]
 
 
+def record_job(fakes, now: datetime.datetime, state: str = "running", job_id: str = JOB,
+               attempts: list[Attempt] | None = None, **changes) -> JobRecord:
+    """A job as submit and the keeper leave it in the job table, written through the table's own operations
+    (create takes the lock; a final state gives it back)."""
+    table = fakes.job_table()
+    started = (now - datetime.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    attempts = attempts or [Attempt(number=1, nodes=["i-1", "i-2"], rendezvous_host="10.42.1.4", started_at=started)]
+    record = JobRecord(
+        job_id=job_id, module="training", config="/fsx/configs/1b.toml", config_text="", overrides=[],
+        resume_from="", nodes=2, gpus_per_node=8, max_restarts=3, max_job_restarts=fakes.MAX_JOB_RESTARTS,
+        instance_type="p5.48xlarge", checkpoint_dir=f"/fsx/checkpoints/{job_id}", state="starting",
+        created_at=started, updated_at=started, attempts=attempts,
+    )
+    created = table.create(record)
+    return table.save(dataclasses.replace(created, state=state, **changes), now)
+
+
+def api_calls(cli) -> list[str]:
+    """Every AWS API call clusterctl makes through the CLI's session, as service:Operation (IAM's names)."""
+    calls: list[str] = []
+    cli.context.session.events.register(
+        "before-call", lambda model, **_: calls.append(f"{model.service_model.signing_name}:{model.name}"))
+    return calls
+
+
 @pytest.fixture()
-def busy_cluster(cluster, cli, tmp_path, monkeypatch):
+def busy_cluster(cluster, cli, tmp_path, monkeypatch, fakes):
     """Two hours after the group was created: node 0 trains at 95%, node 1 idles at 3% with EFA errors,
-    node 2 has no metrics; job JOB at step 40 of 100."""
+    node 2 has no metrics; job JOB, the job table's active job, running at step 40 of 100."""
     group = boto3.client("autoscaling", region_name="us-east-1").describe_auto_scaling_groups(
         AutoScalingGroupNames=[GROUP])["AutoScalingGroups"][0]
     created = group["CreatedTime"]
@@ -121,6 +149,7 @@ def busy_cluster(cluster, cli, tmp_path, monkeypatch):
     data += trainer_data(monkeypatch, sample)
     data += in_service_data(created, 120, nodes=3)
     put(data)
+    record_job(fakes, now)
     return cluster.instance_ids, now
 
 
@@ -148,7 +177,8 @@ def test_once_prints_the_nodes_the_job_and_the_cost(cli, busy_cluster):
     assert (rows[idle]["GPU"], rows[idle]["ERR"], rows[idle]["EFA TX"]) == ("3%", "4", "0.0")
     assert [rows[silent][c] for c in COLUMNS[2:]] == ["-"] * 7
     text = result.out
-    assert f"Job {JOB}" in text and "step 40/100 (40%)" in text and "loss 2.2500" in text
+    assert f"Job {JOB}" in text and "running, attempt 1 (restarts: 0 of at most 5)" in text
+    assert "step 40/100 (40%)" in text and "loss 2.2500" in text
     assert "tokens/s 131,072" in text and "MFU 8.3%" in text and "ETA 0h02m" in text
     assert "cost so far ~$330.24" in text and "3/3 x p5.48xlarge in service" in text
 
@@ -169,6 +199,10 @@ def test_json_has_the_same_numbers(cli, busy_cluster):
     # 131 072 tok/s x 1e10 FLOP/tok / 16 GPUs = 81.92 TFLOP/s per GPU of a 989 TFLOP/s peak
     assert job["tokens_per_s"] == pytest.approx(131072.0) and job["mfu_pct"] == pytest.approx(100 * 81.92 / 989)
     assert job["eta_s"] == pytest.approx(120.0) and job["straggler_ratio"] == 1.0
+    assert view["job_source"] == "job table" and view["ended_job"] is None
+    assert (job["state"], job["attempt"], job["restarts"], job["max_job_restarts"], job["nodes"]) == (
+        "running", 1, 0, 5, 2)
+    assert job["attempt_started_at"] == (now - datetime.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
     assert view["cost_usd"] == pytest.approx(3 * 2 * 55.04)
     assert view["notes"] == []
 
@@ -177,8 +211,114 @@ def test_without_a_job_or_gpu_metrics_it_says_so(cli, cluster):
     cli.now = datetime.datetime.now(datetime.UTC)
     result = cli("top", "--once")
     assert result.code == 0, result.err
-    assert "no job has reported a step in the last 3 hours" in result.out
+    assert "no active job in the job table: the cluster takes the next submit" in result.out
     assert "no GPU metrics from any node in the last 15 minutes" in result.out
+
+
+def test_the_tables_active_job_is_shown_even_when_another_job_has_a_newer_step(cli, busy_cluster, monkeypatch,
+                                                                               fakes):
+    _, now = busy_cluster
+    other = "j-20261121-080000-cd34"  # e.g. run by hand outside clusterctl, or a stack sharing the namespace
+    put(trainer_data(monkeypatch, now - datetime.timedelta(minutes=1), job_id=other))
+    calls = api_calls(cli)
+    result = cli("top", "--json")
+    assert result.code == 0, result.err
+    view = json.loads(result.out)
+    assert view["job"]["job_id"] == JOB and view["job"]["state"] == "running"
+    assert view["job"]["updated_at"] == (now - datetime.timedelta(minutes=3)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    # the table, not the metrics, names the job: two reads, no ListMetrics; the operator policy grants them
+    assert [c for c in calls if c.startswith("dynamodb:")] == ["dynamodb:GetItem", "dynamodb:GetItem"]
+    assert "monitoring:ListMetrics" not in calls
+    assert {c for c in calls if c.startswith("dynamodb:")} <= set(JOB_TABLE_ACTIONS)
+
+
+def test_a_restarting_job_shows_its_state_attempt_and_how_old_its_last_step_is(cli, busy_cluster, fakes):
+    _, now = busy_cluster
+    table = fakes.job_table()
+    record = table.get(JOB)
+    lost = "node i-0123456789abcdef0 is gone (terminated)"
+    ended = dataclasses.replace(record.current, ended_at=now.strftime("%Y-%m-%dT%H:%M:%SZ"), end_reason=lost,
+                                step_reached=40)
+    table.save(dataclasses.replace(record, state="restarting", reason=lost, attempts=[ended]), now)
+    result = cli("top", "--once")
+    assert result.code == 0, result.err
+    text = " ".join(result.out.split())  # rich wraps the panel's lines
+    assert "restarting, attempt 1 (restarts: 0 of at most 5)" in text
+    assert f"reason: {lost}" in text
+    assert "the job keeper starts attempt 2 once 2 nodes are ready: no steps until then" in text
+    last = (now - datetime.timedelta(minutes=3)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert f"last record {last} (3 min ago): attempt 1's, before it ended" in text and "step 40/100" in text
+
+
+def test_a_new_attempt_says_its_last_step_record_is_the_previous_attempts(cli, busy_cluster, fakes):
+    _, now = busy_cluster
+    table = fakes.job_table()
+    record = table.get(JOB)
+    lost = "node i-0123456789abcdef0 is gone (terminated)"
+    first = dataclasses.replace(record.current, ended_at=record.current.started_at, end_reason=lost,
+                                step_reached=40)
+    started = now - datetime.timedelta(minutes=1)
+    second = Attempt(number=2, nodes=["i-3", "i-4"], rendezvous_host="10.42.1.9",
+                     started_at=started.strftime("%Y-%m-%dT%H:%M:%SZ"), resumed_from_step=30)
+    table.save(dataclasses.replace(record, state="starting", reason=lost, attempts=[first, second]), now)
+    calls = api_calls(cli)
+    result = cli("top", "--once")
+    assert result.code == 0, result.err
+    text = " ".join(result.out.split())
+    assert "starting, attempt 2 (restarts: 1 of at most 5)" in text
+    assert "attempt 2 resumed from the checkpoint at step 30" in text
+    assert f"from before attempt 2 started at {started.strftime('%Y-%m-%dT%H:%M:%SZ')}" in text
+    assert calls.count("dynamodb:GetItem") == 2
+
+
+def test_no_active_job_even_when_a_job_has_a_recent_step(cli, busy_cluster, fakes):
+    fakes.end_job(JOB, state="succeeded")  # gives the lock back; its step metrics are 3 minutes old
+    result = cli("top", "--json")
+    assert result.code == 0, result.err
+    view = json.loads(result.out)
+    assert view["job"] is None and view["ended_job"] is None and view["job_source"] == "job table"
+    result = cli("top", "--once")
+    assert "no active job in the job table" in result.out and f"Job {JOB}" not in result.out
+
+
+def test_a_lock_left_behind_by_an_ended_job_shows_no_active_job_and_names_it(cli, busy_cluster, fakes):
+    ended = fakes.end_job(JOB, state="failed", reason="exit 1 on every node")
+    boto3.client("dynamodb", region_name="us-east-1").put_item(  # as a hand edit or a partial restore leaves it
+        TableName=fakes.JOB_TABLE, Item={"pk": {"S": LOCK_KEY}, "jobId": {"S": JOB}})
+    result = cli("top", "--once")
+    assert result.code == 0, result.err
+    text = " ".join(result.out.split())
+    assert f"no active job (the last one, {JOB}, ended failed at {ended.ended_at})" in text
+    view = json.loads(cli("top", "--json").out)
+    assert view["job"] is None and view["ended_job"] == {"job_id": JOB, "state": "failed",
+                                                         "ended_at": ended.ended_at}
+
+
+def test_a_stack_without_the_job_table_shows_the_job_with_the_newest_step(cli, moto_aws, fakes, monkeypatch):
+    fakes.deploy_fake_cluster(job_table=False)
+    now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+    cli.now = now
+    older = "j-20261120-101500-ef56"
+    put(trainer_data(monkeypatch, now - datetime.timedelta(minutes=30), job_id=older))
+    put(trainer_data(monkeypatch, now - datetime.timedelta(minutes=2)))
+    calls = api_calls(cli)
+    result = cli("top", "--json")
+    assert result.code == 0, result.err
+    view = json.loads(result.out)
+    assert view["job_source"] == "metrics" and view["job"]["job_id"] == JOB and view["job"]["step"] == 40
+    assert view["job"]["state"] is None and view["job"]["attempt"] is None
+    assert "monitoring:ListMetrics" in calls and not [c for c in calls if c.startswith("dynamodb:")]
+    result = cli("top", "--once")
+    assert f"Job {JOB}" in result.out and "attempt" not in result.out
+    assert "last record" in result.out and "(2 min ago)" in result.out
+
+
+def test_a_stack_without_the_job_table_and_no_recent_step_says_so(cli, moto_aws, fakes):
+    fakes.deploy_fake_cluster(job_table=False)
+    cli.now = datetime.datetime.now(datetime.UTC)
+    result = cli("top", "--once")
+    assert result.code == 0, result.err
+    assert "no job has reported a step in the last 3 hours" in result.out
 
 
 def test_live_mode_refreshes_until_ctrl_c(cli, busy_cluster, monkeypatch):
@@ -257,3 +397,14 @@ def test_render_without_a_job():
     with console.capture() as capture:
         console.print(render(ClusterView(**{**view().__dict__, "job": None})))
     assert "no job has reported a step in the last 3 hours" in capture.get()
+
+
+def test_render_shows_the_state_in_bold_so_a_stale_step_is_not_read_as_a_hang():
+    console = Console(width=150, force_terminal=True, color_system="standard")
+    restarting = view(state="restarting", attempt=3, restarts=2, max_job_restarts=5, nodes=3,
+                      reason="node i-0aaaaaaaaaaaaaaa2 is unhealthy (Xid 79)")
+    with console.capture() as capture:
+        console.print(render(ClusterView(**{**restarting.__dict__, "job_source": "job table"})))
+    assert "\x1b[1;33mrestarting\x1b[0m, attempt 3 (restarts: 2 of at most 5)" in capture.get()
+    assert "the job keeper starts attempt 4 once 3 nodes are ready" in capture.get()
+    assert "last record 2026-11-20T23:30:00Z (under a minute ago)" in capture.get()

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from training.bench_io import main, write_random_shards
 from training.shards import open_shards
 
@@ -37,18 +39,34 @@ def test_bad_loader_argument_names_the_option(capsys):
     assert "--steps=0: allowed: an integer >= 1" in capsys.readouterr().err
 
 
-def test_checkpoint_times_async_and_blocking_saves(tmp_path):
+STAGING = {  # --staging -> what the CPU run reports: the JSON's "staging", the text's words
+    "auto": ({"setting": "auto", "where": "background", "pinned": False}, "on a staging thread beside the loop "
+             "(pageable)"),
+    "inline": ({"setting": "inline", "where": "inline", "pinned": None}, "inside save() (new pageable memory "
+               "each save)"),
+}
+
+
+@pytest.mark.parametrize("staging", sorted(STAGING))
+def test_checkpoint_times_async_and_blocking_saves(tmp_path, staging):
     out = tmp_path / "ckpt.json"
     result = subprocess.run(
         [sys.executable, "-m", "training.bench_io", "checkpoint", "--preset", "tiny", "--dir",
-         str(tmp_path / "ckpt"), "--repeats", "1", "--json", str(out)],
+         str(tmp_path / "ckpt"), "--repeats", "1", "--staging", staging, "--json", str(out)],
         capture_output=True, text=True, timeout=300, cwd=REPO,
         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(out.read_text())
     assert data["preset"] == "tiny" and data["state_gib"] > 0
-    blocked, complete = data["async_blocks_loop_s"]["median"], data["async_until_complete_s"]["median"]
-    assert 0 < blocked <= complete and data["blocking_save_s"]["median"] > 0
+    blocked, staged = data["async_blocks_loop_s"]["median"], data["async_staged_s"]["median"]
+    complete = data["async_until_complete_s"]["median"]
+    assert 0 < blocked <= staged <= complete and data["blocking_save_s"]["median"] > 0
+    # where the copy was made, and each phase of the async saves
+    reported, words = STAGING[staging]
+    assert data["staging"] == reported and f"async saves copy the state {words}:" in result.stderr
+    assert set(data["phases_s"]) == {"build_state", "describe", "copy", "verify"}
+    assert all(len(phase["all"]) == 1 and phase["median"] >= 0 for phase in data["phases_s"].values())
+    assert "loop held by save()" in result.stderr and "blocking save (SIGTERM)" in result.stderr
     # keep_last=1: only the last (blocking) save is left, and it is complete
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step-2"]

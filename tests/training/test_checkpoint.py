@@ -86,7 +86,7 @@ def test_an_async_save_is_marked_complete_only_after_its_write_finished(tmp_path
     ckpt.save(1, model, optimizer, blocking=False)
     pending = ckpt._pending
     assert pending is not None
-    pending[2].result()  # the DCP write is done, but nobody has looked yet
+    pending.upload.result()  # the DCP write is done, but nobody has looked yet
     assert not (tmp_path / "step-1" / MARKER_FILE).exists()
     ckpt.poll()
     assert is_complete(tmp_path / "step-1")
@@ -110,6 +110,7 @@ def test_an_async_save_snapshots_the_state_it_was_given(tmp_path, monkeypatch):
     expected = {k: v.clone() for k, v in model.state_dict().items()}
     ckpt = checkpointer(tmp_path, async_save=True)
     ckpt.save(1, model, optimizer, blocking=False)
+    ckpt.wait_for_staging()  # as the loop does right before its next optimizer.step()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(1.0)  # the next optimizer step, while the write is pending
