@@ -317,9 +317,12 @@ FUSED_LOSS_SCRIPT = textwrap.dedent(
         return {n: p.grad.to_local().clone() for n, p in model.named_parameters()}
     full, fused = local_grads(0), local_grads(40)
     same = all(torch.allclose(fused[n], g, rtol=1e-5, atol=1e-7) for n, g in full.items())
-    head = model.output.weight
-    print("RANK", info.rank, "FUSED_MATCHES", same, "HEAD_SHARD_ROWS", fused["output.weight"].shape[0],
-          "OF", head.shape[0], flush=True)
+    line = (f"RANK {info.rank} FUSED_MATCHES {same} HEAD_SHARD_ROWS {fused['output.weight'].shape[0]} "
+            f"OF {model.output.weight.shape[0]}")
+    lines = [None] * info.world_size
+    dist.all_gather_object(lines, line)  # printed by rank 0 alone: two ranks' prints interleave
+    if info.rank == 0:
+        print("\\n".join(lines), flush=True)
     dist.destroy_process_group()
     """
 )
