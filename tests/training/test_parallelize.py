@@ -293,6 +293,7 @@ def test_two_ranks_shard_the_same_model_one_process_would_build(tmp_path):
 
 FUSED_LOSS_SCRIPT = textwrap.dedent(
     """
+    import gc
     import torch, torch.distributed as dist, torch.nn.functional as F
     from training.model import Transformer, build_model_config
     from training.parallelize import (
@@ -323,6 +324,10 @@ FUSED_LOSS_SCRIPT = textwrap.dedent(
     dist.all_gather_object(lines, line)  # printed by rank 0 alone: two ranks' prints interleave
     if info.rank == 0:
         print("\\n".join(lines), flush=True)
+    # the FSDP2 model's reference cycles hold gloo work objects: collected now, not at interpreter shutdown,
+    # where they can abort the rank (training.train does the same)
+    del model, full, fused
+    gc.collect()
     dist.destroy_process_group()
     """
 )
