@@ -149,6 +149,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--activation-checkpointing", action="store_true", help="recompute blocks in backward"
     )
     parser.add_argument("--compile", action="store_true", help="torch.compile each transformer block")
+    parser.add_argument(
+        "--loss-chunk-tokens",
+        type=int,
+        default=0,
+        metavar="N",
+        help="parallel.loss_chunk_tokens for our rows: 0 = cross-entropy on the full fp32 logits, N > 0 = the "
+        "output head fused with the loss over chunks of N tokens (default: 0); torchtitan's rows always keep "
+        "their own loss on the full logits",
+    )
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the results as JSON to PATH")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the random tokens")
     return parser
@@ -160,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         backends = _parse_backends(args.backends)
         torchao_recipes = _parse_recipes("--torchao-recipes", args.torchao_recipes, TORCHAO_RECIPES)
         te_recipes = _parse_recipes("--te-recipes", args.te_recipes, TE_RECIPES)
+        if args.loss_chunk_tokens < 0:
+            raise ConfigError(f"--loss-chunk-tokens={args.loss_chunk_tokens}: allowed: an integer >= 0 (0 = off)")
         for name in ("steps", "warmup_steps", "seq_len", "micro_batch_size", "layers"):
             value = getattr(args, name)
             if value is not None and value < (0 if name == "warmup_steps" else 1):
@@ -195,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         activation_checkpointing=args.activation_checkpointing,
         compile=args.compile,
         param_dtype="bfloat16" if on_gpu else "float32",
+        loss_chunk_tokens=args.loss_chunk_tokens,
     )
     header = {
         "device": device_name(info.device),
@@ -297,6 +309,8 @@ def run_backend(
             model_cfg,
             parallel_cfg,
             info,
+            # torchtitan's model returns logits and keeps its loss on them: like for like with our 0 only
+            loss_chunk_tokens=0 if variant.torchtitan else parallel_cfg.loss_chunk_tokens,
             seq_len=seq_len,
             micro_batch_size=micro_batch_size,
             steps=steps,
@@ -353,6 +367,7 @@ def _measure(
     steps: int,
     warmup_steps: int,
     seed: int,
+    loss_chunk_tokens: int = 0,
     profile: Path | None = None,
 ) -> tuple[float, torch.Tensor]:
     """Build the model (``build``: train.build_model, or torchtitan's), warm up, and return (seconds for the
@@ -370,7 +385,7 @@ def _measure(
     micro_batches = [(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())]
 
     def step() -> torch.Tensor:
-        loss = _forward_backward(model, fp8, micro_batches, 1)
+        loss = _forward_backward(model, fp8, micro_batches, 1, loss_chunk_tokens=loss_chunk_tokens)
         clip_grad_norm_(model, max_grad_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -495,7 +510,8 @@ def format_table(header: dict, results: list[BenchResult]) -> str:
         + f" | seq {header['seq_len']} x micro-batch {header['micro_batch_size']}"
         + f" | {header['flops_per_token'] / 1e9:.3f} GFLOP/token"
         + f" | AC {'on' if header['parallel']['activation_checkpointing'] else 'off'}"
-        + f" | compile {'on' if header['parallel']['compile'] else 'off'}",
+        + f" | compile {'on' if header['parallel']['compile'] else 'off'}"
+        + f" | loss {_loss_label(header['parallel'].get('loss_chunk_tokens', 0))}",
         f"{'backend':<26} {'status':<8} {'tokens/s':>12} {'TFLOP/s':>9} {'MFU':>7} {'step ms':>9} "
         f"{'peak GiB':>9} {'loss':>8} {'vs titan':>9}",
     ]
@@ -510,6 +526,13 @@ def format_table(header: dict, results: list[BenchResult]) -> str:
     if header["peak_bf16_tflops"] is None:
         lines.append("MFU: not reported (no GPU peak known for this device)")
     return "\n".join(lines)
+
+
+def _loss_label(loss_chunk_tokens: int) -> str:
+    """How our rows compute the loss (torchtitan's rows always use the full logits)."""
+    if loss_chunk_tokens > 0:
+        return f"fused over {loss_chunk_tokens}-token chunks (titan: full logits)"
+    return "full logits"
 
 
 def _fmt(value: float | None, spec: str, suffix: str = "") -> str:

@@ -136,6 +136,10 @@ class ParallelConfig:
     # then the shorter one applies (torchtitan's init/train timeouts). docs/operations.md, "When a node fails".
     init_timeout_seconds: int = DEFAULT_INIT_TIMEOUT_S
     train_timeout_seconds: int = 300
+    # The loss: 0 = cross-entropy on the full fp32 logits [tokens, vocab]; N > 0 = the output head fused with
+    # the cross-entropy over chunks of N tokens (training.loss), so only one chunk's logits exist at a time:
+    # less memory for a larger micro-batch at a large vocabulary. Not yet measured on a GPU (docs/benchmarks.md).
+    loss_chunk_tokens: int = 0
 
     def validate(self) -> None:
         for name in ("param_dtype", "reduce_dtype"):
@@ -146,6 +150,11 @@ class ParallelConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 86400:
                 raise ConfigError(f"parallel.{name}={value!r}: allowed: an integer number of seconds, 1..86400")
+        if not _is_int(self.loss_chunk_tokens) or self.loss_chunk_tokens < 0:
+            raise ConfigError(
+                f"parallel.loss_chunk_tokens={self.loss_chunk_tokens!r}: allowed: an integer >= 0 (0 = the loss "
+                "on the full logits, N = output head and loss fused over chunks of N tokens)"
+            )
 
 @dataclass
 class Fp8Config:

@@ -20,6 +20,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from training.config_sections import MODEL_PRESETS, ModelConfig  # noqa: F401  (re-export)
 from training.errors import ConfigError
+from training.loss import cross_entropy_loss, fused_linear_cross_entropy
 
 # The shape arithmetic (build_model_config, count_params, flops_per_token) imports no torch and lives in
 # training.shapes, where clusterctl's planner reads it too: one FLOP count for the trainer's MFU and the plan.
@@ -150,7 +151,7 @@ class TransformerBlock(nn.Module):
 
 
 class Transformer(nn.Module):
-    """The decoder: token embeddings -> blocks -> RMSNorm -> output head (logits)."""
+    """The decoder: token embeddings -> blocks -> RMSNorm -> output head (logits, or the loss)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -160,13 +161,24 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens [B, T] int64 -> logits [B, T, vocab_size]."""
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None, *,
+                loss_chunk_tokens: int = 0) -> torch.Tensor:
+        """tokens [B, T] int64 -> logits [B, T, vocab_size]; with ``targets`` [B, T]: the mean cross-entropy
+        loss (fp32 scalar) instead, fused with the output head over chunks of ``loss_chunk_tokens`` tokens
+        when > 0 (training.loss), else from the full logits.
+
+        The fused loss runs here, inside the root module's forward, because under FSDP2 the root's parameters
+        (the output head among them) are gathered only between its forward pre- and post-hooks."""
         h = self.tok_embeddings(tokens)
         cos, sin = rope_cos_sin(tokens.shape[1], self.cfg.head_dim, self.cfg.rope_theta, h.device)
         for layer in self.layers:
             h = layer(h, cos, sin)
-        return self.output(self.norm(h))
+        h = self.norm(h)
+        if targets is None:
+            return self.output(h)
+        if loss_chunk_tokens > 0:
+            return fused_linear_cross_entropy(h, self.output.weight, targets, loss_chunk_tokens)
+        return cross_entropy_loss(self.output(h), targets)
 
     @torch.no_grad()
     def init_weights(self, seed: int | None = None) -> None:

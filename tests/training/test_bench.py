@@ -110,6 +110,31 @@ def test_json_has_the_numbers_and_the_versions(bench_run):
     assert results["titan:none"]["status"] == "skipped" and none["vs_torchtitan"] is None
 
 
+def test_the_fused_loss_row_says_so_and_trains_like_the_full_logits(bench_run, tmp_path):
+    """--loss-chunk-tokens: recorded in the JSON and the table's context line; same seed, same tokens, so the
+    none row's loss is the full-logits run's to float32 rounding."""
+    out = tmp_path / "fused.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "training.bench", "--steps", "2", "--warmup-steps", "1", "--seq-len", "32",
+         "--backends", "none", "--loss-chunk-tokens", "100", "--json", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "| loss fused over 100-token chunks (titan: full logits)" in result.stdout.splitlines()[0]
+    assert "| loss full logits" in bench_run[0].stdout.splitlines()[0]
+    data = json.loads(out.read_text())
+    assert data["parallel"]["loss_chunk_tokens"] == 100 and bench_run[1]["parallel"]["loss_chunk_tokens"] == 0
+    fused = data["results"][0]
+    full = next(r for r in bench_run[1]["results"] if r["backend"] == "none")
+    assert fused["backend"] == "none" and fused["final_loss"] == pytest.approx(full["final_loss"], rel=1e-5)
+
+
+def test_a_negative_loss_chunk_is_a_usage_error(capsys):
+    assert main(["--loss-chunk-tokens", "-1"]) == 2
+    assert "--loss-chunk-tokens=-1: allowed: an integer >= 0 (0 = off)" in capsys.readouterr().err
+
+
 def test_bad_backend_list_is_a_usage_error(capsys):
     assert main(["--backends", "none,fp4"]) == 2
     assert (
@@ -188,9 +213,11 @@ def test_help_lists_the_documented_options():
         "--sdpa-priority",
         "--fp8-all-gather",
         "--profile",
+        "--loss-chunk-tokens",
         "--layers",
     ):
         assert option in help_text
+    assert "torchtitan's rows always keep their own loss" in " ".join(help_text.split())
 
 
 def test_table_shows_mfu_as_a_percentage_and_failures_with_their_reason():

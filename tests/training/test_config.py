@@ -100,6 +100,9 @@ def test_precedence_defaults_then_preset_then_file_then_set(tmp_path):
         ("", ["fp8.backend=fp4"], r"^fp8.backend='fp4': allowed: none, torchao, te$"),
         ("", ["run.seq_len=0"], r"^run.seq_len=0: allowed: an integer >= 1$"),
         ("", ["parallel.param_dtype=fp16"], r"^parallel.param_dtype='fp16': allowed: bfloat16, float32$"),
+        ("", ["parallel.loss_chunk_tokens=-4096"],
+         r"^parallel.loss_chunk_tokens=-4096: allowed: an integer >= 0 \(0 = the loss on the full logits, "),
+        ("[parallel]\nloss_chunk_tokens = 4096.0\n", [], r"^parallel.loss_chunk_tokens=4096.0: allowed: an integer$"),
         ("", ["model.preset=2b"], r"^model.preset='2b': allowed: tiny, 125m, 1b, llama3-8b, llama3-70b"),
         (
             "",

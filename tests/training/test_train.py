@@ -44,6 +44,27 @@ def test_accumulated_gradients_equal_the_full_batch_gradients():
         torch.testing.assert_close(a.grad, b.grad)
 
 
+def test_the_fused_loss_accumulates_the_gradients_of_the_full_logits_loss():
+    """parallel.loss_chunk_tokens > 0: _forward_backward asks the model for the loss (Transformer.forward with
+    targets); over 2 micro-batches the gradients are the full-logits path's."""
+    from training.model import Transformer, build_model_config
+
+    cfg = build_model_config("tiny")
+    gen = torch.Generator().manual_seed(2)
+    inputs, targets = torch.randint(0, 320, (4, 16), generator=gen), torch.randint(0, 320, (4, 16), generator=gen)
+    halves = [(inputs[:2], targets[:2]), (inputs[2:], targets[2:])]
+    no_fp8 = build_fp8_backend(Fp8Config(backend="none"))
+    models, losses = [], []
+    for chunk in (0, 24):  # 32 tokens per micro-batch: a chunk of 24 and one of 8
+        model = Transformer(cfg)
+        model.init_weights(seed=0)
+        losses.append(_forward_backward(model, no_fp8, halves, grad_accum_steps=2, loss_chunk_tokens=chunk))
+        models.append(model)
+    assert losses[1].item() == pytest.approx(losses[0].item(), rel=1e-6) and not losses[1].requires_grad
+    for (name, a), b in zip(models[0].named_parameters(), models[1].parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
 def test_clip_grad_norm_returns_the_norm_before_clipping_and_clips_to_max():
     model = nn.Linear(3, 1, bias=False)
     model.weight.grad = torch.tensor([[3.0, 4.0, 0.0]])
