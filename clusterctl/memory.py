@@ -4,7 +4,8 @@ arithmetic behind `clusterctl plan`'s "does it fit".
 The model follows the trainer as built (training/train.py, training/parallelize.py): fp32 sharded parameters
 with a bf16 MixedPrecisionPolicy, fp32 gradient reduce-scatter, `fully_shard` per transformer block and then
 the root (embeddings, final norm, output head), the last block not resharded after forward, optional full
-activation checkpointing per block, cross-entropy on fp32 logits, `zero_grad(set_to_none=True)`.
+activation checkpointing per block, the loss either on the full fp32 logits or fused with the output head over
+chunks of tokens (`parallel.loss_chunk_tokens`), `zero_grad(set_to_none=True)`.
 
 Three kinds of memory, per GPU (G GPUs in the job, P parameters):
 - sharded state, divided by G: fp32 parameters (4 B), fp32 gradients (4 B), AdamW's two fp32 moments (8 B):
@@ -53,14 +54,27 @@ BLOCK_ACTIVATION_HEAD_BYTES = 4
 BLOCK_ACTIVATION_TOKEN_BYTES = 8
 # With activation checkpointing a block keeps only its input: bf16, dim values per token.
 CHECKPOINT_DIM_BYTES = 2
-# The loss: the bf16 logits (2 x vocab), then cross-entropy on their fp32 copy: log-softmax keeps its fp32
-# output (4 x vocab), and in backward the fp32 gradients of that output and of its input exist together
-# (4 + 4 x vocab): 14 x vocab bytes per token at the peak, plus the final RMSNorm (8 x dim + 4).
-LOSS_VOCAB_BYTES = 14
+# The loss on the full logits (parallel.loss_chunk_tokens = 0, training.loss.cross_entropy_loss): the bf16
+# logits (2 x vocab per token) and their fp32 copy exist together while log-softmax runs; the training loop then
+# drops the bf16 logits (training.train._forward_backward) and autograd keeps only log-softmax's fp32 output
+# (4 x vocab). The peak is the start of backward: that output and the fp32 gradients of log-softmax's output
+# and of its input (4 + 4 + 4 x vocab): 12 x vocab bytes per token, plus the final RMSNorm (8 x dim + 4).
+# Measured: exactly 12 B per vocab entry and token (tests/clusterctl/test_plan_memory_measured.py).
+LOSS_VOCAB_BYTES = 12
 LOSS_DIM_BYTES = 8
 LOSS_TOKEN_BYTES = 4
-# The bf16 logits stay referenced through backward (the training loop holds them until the next micro-batch).
-LOGITS_VOCAB_BYTES = 2
+# The fused loss (parallel.loss_chunk_tokens = C > 0, training.loss.fused_linear_cross_entropy) runs inside the
+# root's forward and computes the gradients there, C tokens at a time (training/loss.py's allocations):
+# per chunk, its fp32 logits (worked in place into the gradient) and that gradient cast to bf16 for the two
+# gradient matmuls: 6 x C x vocab bytes;
+FUSED_CHUNK_VOCAB_BYTES = 6
+FUSED_CHUNK_TOKEN_BYTES = 12  # and three fp32 values per row: its max, its sum of exponentials, its target logit
+# the head weight's gradient [vocab, dim]: with several chunks an fp32 sum plus one chunk's bf16 product
+# (4 + 2), with one chunk the bf16 product alone (2); the bf16 result is stored for backward either way;
+FUSED_ACCUMULATOR_BYTES = 4 + 2
+FUSED_SINGLE_CHUNK_BYTES = 2
+# the gradient of h [tokens, dim] in bf16, stored for backward.
+FUSED_H_GRAD_DIM_BYTES = 2
 # Backward through a block holds a few activation gradients at once: SwiGLU's three [tokens, ffn_dim] bf16
 # gradients and two [tokens, dim] ones. An upper bound drawn from the CPU measurements, where the exact
 # figure depends on the kernels.
@@ -87,6 +101,7 @@ class RunShape:
     grad_accum_steps: int = 1  # > 1 keeps the sharded gradients alive through the forward passes
     activation_checkpointing: bool = False  # full recomputation of every block in backward
     reshard_after_forward: bool = True  # False keeps every block gathered from forward to backward
+    loss_chunk_tokens: int = 0  # parallel.loss_chunk_tokens: 0 = loss on the full logits, C = fused over C tokens
 
 
 @dataclass(frozen=True)
@@ -158,7 +173,38 @@ def block_activation_bytes_per_token(cfg: ModelConfig) -> int:
 
 
 def loss_peak_bytes_per_token(cfg: ModelConfig) -> int:
+    """The loss on the full logits, at its peak (the start of backward), per token."""
     return LOSS_VOCAB_BYTES * cfg.vocab_size + LOSS_DIM_BYTES * cfg.dim + LOSS_TOKEN_BYTES
+
+
+def loss_parts(cfg: ModelConfig, run: RunShape, sizes: ModelSizes) -> list[tuple[str, float]]:
+    """What the loss holds at its peak, for the forward phase: on the full logits, or fused over chunks."""
+    tokens = run.micro_batch_size * run.seq_len
+    final_norm = (LOSS_DIM_BYTES * cfg.dim + LOSS_TOKEN_BYTES) * tokens
+    if run.loss_chunk_tokens <= 0:
+        return [(f"loss on the full logits: {LOSS_VOCAB_BYTES} B x vocab + final norm, per token",
+                 loss_peak_bytes_per_token(cfg) * tokens)]
+    chunk = min(run.loss_chunk_tokens, tokens)
+    several = chunk < tokens
+    weight_grad_bytes = FUSED_ACCUMULATOR_BYTES if several else FUSED_SINGLE_CHUNK_BYTES
+    # the output head runs inside the root's forward: the root group is gathered while the loss is computed
+    # (already counted when reshard_after_forward=false keeps every parameter gathered)
+    root = ([("gathered bf16: the root group (the fused loss runs in its forward)", GATHERED_BYTES * sizes.root)]
+            if run.reshard_after_forward else [])
+    return [
+        *root,
+        # FSDP2 keeps the last all-gather's output buffer until the next all-gather starts (its comm context
+        # holds it for stream ordering): during the root's forward that is the last block's, a bf16 block.
+        # Measured on the CPU: one block's bf16 size above the rest, proportional to the block.
+        ("the last block's all-gather output, kept by FSDP2 until the next all-gather", GATHERED_BYTES * sizes.block),
+        (f"fused loss: one chunk's logits, {FUSED_CHUNK_VOCAB_BYTES} B x {chunk:,} tokens x vocab",
+         (FUSED_CHUNK_VOCAB_BYTES * cfg.vocab_size + FUSED_CHUNK_TOKEN_BYTES) * chunk),
+        ("fused loss: the head weight's gradient, "
+         + ("fp32 sum over chunks + a chunk's bf16 product" if several else "bf16"),
+         weight_grad_bytes * sizes.output_head),
+        ("fused loss: the bf16 gradient of h, and the final norm", final_norm
+         + FUSED_H_GRAD_DIM_BYTES * cfg.dim * tokens),
+    ]
 
 
 def estimate_memory(cfg: ModelConfig, run: RunShape, gpus: int, gpu_memory_gib: float) -> MemoryEstimate:
@@ -189,8 +235,6 @@ def estimate_memory(cfg: ModelConfig, run: RunShape, gpus: int, gpu_memory_gib: 
     )
     rope = ("RoPE cos/sin tables", ROPE_BYTES * cfg.head_dim * run.seq_len)
     batch = ("token ids (int64 inputs and targets)", TOKEN_ID_BYTES * tokens)
-    logits = (f"bf16 logits held: {LOGITS_VOCAB_BYTES} B x vocab x tokens",
-              LOGITS_VOCAB_BYTES * cfg.vocab_size * tokens)
     # up to the first reduce-scatter of backward the sharded gradients do not exist (the loop zeroes them with
     # set_to_none), unless gradient accumulation keeps them from the previous micro-batch
     forward_state = [params, optimizer] + ([grads] if run.grad_accum_steps > 1 else [])
@@ -203,7 +247,7 @@ def estimate_memory(cfg: ModelConfig, run: RunShape, gpus: int, gpu_memory_gib: 
         *forward_state,
         gathered_forward,
         saved,
-        (f"loss: {LOSS_VOCAB_BYTES} B x vocab + final norm, per token", loss_peak_bytes_per_token(cfg) * tokens),
+        *loss_parts(cfg, run, sizes),
         rope,
         batch,
     ))
@@ -225,7 +269,6 @@ def estimate_memory(cfg: ModelConfig, run: RunShape, gpus: int, gpu_memory_gib: 
         ("the block's bf16 weight gradients", GATHERED_BYTES * sizes.block),
         saved,
         *recomputed,
-        logits,
         ("activation gradients in flight",
          (BACKWARD_DIM_BYTES * cfg.dim + BACKWARD_FFN_BYTES * cfg.ffn_dim) * tokens),
         rope,
@@ -243,7 +286,6 @@ def estimate_memory(cfg: ModelConfig, run: RunShape, gpus: int, gpu_memory_gib: 
         ("the previous block's fp32 reduce-scatter input", (UNSHARDED_GRAD_BYTES - GATHERED_BYTES) * sizes.block),
         saved_after_block,
         *recomputed,
-        logits,
         ("activation gradients in flight",
          (BACKWARD_DIM_BYTES * cfg.dim + BACKWARD_FFN_BYTES * cfg.ffn_dim) * tokens),
         rope,
@@ -257,7 +299,6 @@ def estimate_memory(cfg: ModelConfig, run: RunShape, gpus: int, gpu_memory_gib: 
         head_grad,
         ("the block's bf16 gradients and fp32 reduce-scatter input", UNSHARDED_GRAD_BYTES * sizes.block),
         saved_after_block,
-        logits,
         rope,
         batch,
     ))
@@ -265,7 +306,6 @@ def estimate_memory(cfg: ModelConfig, run: RunShape, gpus: int, gpu_memory_gib: 
     backward_root = Phase("root reduce-scatter (end of backward)", (
         params, grads, optimizer,
         ("root's bf16 gradients and fp32 reduce-scatter input", UNSHARDED_GRAD_BYTES * sizes.root),
-        logits,
         batch,
     ))
     step = Phase("optimizer step", (

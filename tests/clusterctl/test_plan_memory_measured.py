@@ -1,8 +1,10 @@
 """The memory model (clusterctl/memory.py) against what torch itself measures for this project's model.
 
 torch.distributed._tools' MemTracker and FSDPMemTracker follow every tensor's storage through a real step
-(forward, cross-entropy on fp32 logits, backward, AdamW) of training.model built as training does it
-(training.train.build_model: FSDP2 per block then the root, bf16 mixed precision, fp32 reduction), on the CPU,
+(forward and backward through the trainer's own training.train._forward_backward, so with the loss the trainer
+runs: on the full fp32 logits, or fused with the output head over chunks with parallel.loss_chunk_tokens; then
+AdamW) of training.model built as training does it (training.train.build_model: FSDP2 per block then the root,
+bf16 mixed precision, fp32 reduction), on the CPU,
 with a fake process group of G ranks standing in for G GPUs. Collectives move no data there, and nothing
 overlaps: the model's overlap phase (a reduce-scatter in flight during the next block's backward) is a GPU
 reality the CPU cannot show, so the model may be above the measurement, never below.
@@ -11,7 +13,6 @@ reality the CPU cannot show, so the model may be above the measurement, never be
 import pytest
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from clusterctl.memory import RunShape, block_activation_bytes_per_token, estimate_memory
 
@@ -24,7 +25,7 @@ from training.fp8 import Fp8Config, build_fp8_backend  # noqa: E402
 from training.model import Transformer, build_model_config  # noqa: E402
 from training.optim import OptimConfig, build_optimizer  # noqa: E402
 from training.parallelize import DistInfo, ParallelConfig  # noqa: E402
-from training.train import build_model  # noqa: E402
+from training.train import _forward_backward, build_model  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -35,14 +36,15 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def measured_step_peak(world_size, shape, micro_batch_size, seq_len, activation_checkpointing):
+def measured_step_peak(world_size, shape, micro_batch_size, seq_len, activation_checkpointing, loss_chunk_tokens):
     """Peak bytes on rank 0 of `world_size` over the second of two full training steps."""
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
     try:
         info = DistInfo(rank=0, local_rank=0, world_size=world_size, device=torch.device("cpu"))
         cfg = build_model_config("tiny", **shape)
-        model = build_model(cfg, ParallelConfig(activation_checkpointing=activation_checkpointing),
-                            build_fp8_backend(Fp8Config()), info, seed=0)
+        fp8 = build_fp8_backend(Fp8Config())
+        model = build_model(cfg, ParallelConfig(activation_checkpointing=activation_checkpointing), fp8, info,
+                            seed=0)
         optimizer = build_optimizer(model, OptimConfig())
         tokens = torch.randint(0, cfg.vocab_size, (micro_batch_size, seq_len + 1),
                                generator=torch.Generator().manual_seed(0))
@@ -51,9 +53,7 @@ def measured_step_peak(world_size, shape, micro_batch_size, seq_len, activation_
         tracker.track_inputs((inputs,))
         with tracker:
             for _ in range(2):  # the second step has the optimizer state the first one created
-                logits = model(inputs)
-                F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()).backward()
-                del logits
+                _forward_backward(model, fp8, [(inputs, targets)], 1, loss_chunk_tokens=loss_chunk_tokens)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)  # as training.train's loop
                 tracker.reset_mod_stats()
@@ -76,13 +76,19 @@ CASES = [
 ]
 
 
+# The loss: 0 = on the full logits (the default); 64 = fused over 64-token chunks, several per micro-batch in
+# every case (128 to 256 tokens), where the chunk's logits and the fp32 head-gradient sum are what it holds.
+LOSSES = [pytest.param(0, id="full-logits"), pytest.param(64, id="fused-64")]
+
+
+@pytest.mark.parametrize("loss_chunk_tokens", LOSSES)
 @pytest.mark.parametrize(("world_size", "shape", "micro_batch_size", "seq_len", "ac"), CASES)
 def test_estimate_bounds_the_measured_peak_from_above_within_30_percent(
-    world_size, shape, micro_batch_size, seq_len, ac
+    world_size, shape, micro_batch_size, seq_len, ac, loss_chunk_tokens
 ):
-    measured, cfg = measured_step_peak(world_size, shape, micro_batch_size, seq_len, ac)
-    estimate = estimate_memory(cfg, RunShape(micro_batch_size, seq_len, activation_checkpointing=ac),
-                               world_size, 80)
+    measured, cfg = measured_step_peak(world_size, shape, micro_batch_size, seq_len, ac, loss_chunk_tokens)
+    estimate = estimate_memory(cfg, RunShape(micro_batch_size, seq_len, activation_checkpointing=ac,
+                                             loss_chunk_tokens=loss_chunk_tokens), world_size, 80)
     assert measured <= estimate.peak_bytes <= 1.3 * measured, (measured, estimate.peak.name)
 
 
