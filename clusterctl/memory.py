@@ -4,8 +4,11 @@ arithmetic behind `clusterctl plan`'s "does it fit".
 The model follows the trainer as built (training/train.py, training/parallelize.py): fp32 sharded parameters
 with a bf16 MixedPrecisionPolicy, fp32 gradient reduce-scatter, `fully_shard` per transformer block and then
 the root (embeddings, final norm, output head), the last block not resharded after forward, optional full
-activation checkpointing per block, the loss either on the full fp32 logits or fused with the output head over
-chunks of tokens (`parallel.loss_chunk_tokens`), `zero_grad(set_to_none=True)`.
+activation checkpointing per block, cross-entropy on the full fp32 logits, `zero_grad(set_to_none=True)`.
+The loss is the trainer's default on the full logits (`parallel.loss_chunk_tokens = 0`: 12 B x vocab per token
+at its peak). The fused loss (`parallel.loss_chunk_tokens > 0`, training/loss.py) holds about 6 B x vocab per
+chunk token plus the output head's gradient instead: less whenever a micro-batch has at least dim + chunk tokens,
+so the estimate stays on the safe side there; with fewer tokens per micro-batch it can need more than estimated.
 
 Three kinds of memory, per GPU (G GPUs in the job, P parameters):
 - sharded state, divided by G: fp32 parameters (4 B), fp32 gradients (4 B), AdamW's two fp32 moments (8 B):
@@ -63,18 +66,6 @@ CHECKPOINT_DIM_BYTES = 2
 LOSS_VOCAB_BYTES = 12
 LOSS_DIM_BYTES = 8
 LOSS_TOKEN_BYTES = 4
-# The fused loss (parallel.loss_chunk_tokens = C > 0, training.loss.fused_linear_cross_entropy) runs inside the
-# root's forward and computes the gradients there, C tokens at a time (training/loss.py's allocations):
-# per chunk, its fp32 logits (worked in place into the gradient) and that gradient cast to bf16 for the two
-# gradient matmuls: 6 x C x vocab bytes;
-FUSED_CHUNK_VOCAB_BYTES = 6
-FUSED_CHUNK_TOKEN_BYTES = 12  # and three fp32 values per row: its max, its sum of exponentials, its target logit
-# the head weight's gradient [vocab, dim]: with several chunks an fp32 sum plus one chunk's bf16 product
-# (4 + 2), with one chunk the bf16 product alone (2); the bf16 result is stored for backward either way;
-FUSED_ACCUMULATOR_BYTES = 4 + 2
-FUSED_SINGLE_CHUNK_BYTES = 2
-# the gradient of h [tokens, dim] in bf16, stored for backward.
-FUSED_H_GRAD_DIM_BYTES = 2
 # Backward through a block holds a few activation gradients at once: SwiGLU's three [tokens, ffn_dim] bf16
 # gradients and two [tokens, dim] ones. An upper bound drawn from the CPU measurements, where the exact
 # figure depends on the kernels.
@@ -101,7 +92,6 @@ class RunShape:
     grad_accum_steps: int = 1  # > 1 keeps the sharded gradients alive through the forward passes
     activation_checkpointing: bool = False  # full recomputation of every block in backward
     reshard_after_forward: bool = True  # False keeps every block gathered from forward to backward
-    loss_chunk_tokens: int = 0  # parallel.loss_chunk_tokens: 0 = loss on the full logits, C = fused over C tokens
 
 
 @dataclass(frozen=True)
@@ -177,36 +167,6 @@ def loss_peak_bytes_per_token(cfg: ModelConfig) -> int:
     return LOSS_VOCAB_BYTES * cfg.vocab_size + LOSS_DIM_BYTES * cfg.dim + LOSS_TOKEN_BYTES
 
 
-def loss_parts(cfg: ModelConfig, run: RunShape, sizes: ModelSizes) -> list[tuple[str, float]]:
-    """What the loss holds at its peak, for the forward phase: on the full logits, or fused over chunks."""
-    tokens = run.micro_batch_size * run.seq_len
-    final_norm = (LOSS_DIM_BYTES * cfg.dim + LOSS_TOKEN_BYTES) * tokens
-    if run.loss_chunk_tokens <= 0:
-        return [(f"loss on the full logits: {LOSS_VOCAB_BYTES} B x vocab + final norm, per token",
-                 loss_peak_bytes_per_token(cfg) * tokens)]
-    chunk = min(run.loss_chunk_tokens, tokens)
-    several = chunk < tokens
-    weight_grad_bytes = FUSED_ACCUMULATOR_BYTES if several else FUSED_SINGLE_CHUNK_BYTES
-    # the output head runs inside the root's forward: the root group is gathered while the loss is computed
-    # (already counted when reshard_after_forward=false keeps every parameter gathered)
-    root = ([("gathered bf16: the root group (the fused loss runs in its forward)", GATHERED_BYTES * sizes.root)]
-            if run.reshard_after_forward else [])
-    return [
-        *root,
-        # FSDP2 keeps the last all-gather's output buffer until the next all-gather starts (its comm context
-        # holds it for stream ordering): during the root's forward that is the last block's, a bf16 block.
-        # Measured on the CPU: one block's bf16 size above the rest, proportional to the block.
-        ("the last block's all-gather output, kept by FSDP2 until the next all-gather", GATHERED_BYTES * sizes.block),
-        (f"fused loss: one chunk's logits, {FUSED_CHUNK_VOCAB_BYTES} B x {chunk:,} tokens x vocab",
-         (FUSED_CHUNK_VOCAB_BYTES * cfg.vocab_size + FUSED_CHUNK_TOKEN_BYTES) * chunk),
-        ("fused loss: the head weight's gradient, "
-         + ("fp32 sum over chunks + a chunk's bf16 product" if several else "bf16"),
-         weight_grad_bytes * sizes.output_head),
-        ("fused loss: the bf16 gradient of h, and the final norm", final_norm
-         + FUSED_H_GRAD_DIM_BYTES * cfg.dim * tokens),
-    ]
-
-
 def estimate_memory(cfg: ModelConfig, run: RunShape, gpus: int, gpu_memory_gib: float) -> MemoryEstimate:
     """The per-GPU memory of one training step of `cfg` sharded over `gpus` GPUs, phase by phase."""
     if gpus < 1:
@@ -247,7 +207,8 @@ def estimate_memory(cfg: ModelConfig, run: RunShape, gpus: int, gpu_memory_gib: 
         *forward_state,
         gathered_forward,
         saved,
-        *loss_parts(cfg, run, sizes),
+        (f"loss on the full logits: {LOSS_VOCAB_BYTES} B x vocab + final norm, per token",
+         loss_peak_bytes_per_token(cfg) * tokens),
         rope,
         batch,
     ))

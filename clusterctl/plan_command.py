@@ -31,7 +31,10 @@ def add_parser(add: Callable[..., argparse.ArgumentParser]) -> None:
         "deploy and run the chosen one. Needs no AWS access. Exit 1 when no type fits.",
         epilog="Memory: sharded fp32 parameters, gradients and AdamW moments (16 B per parameter / GPUs), "
         "FSDP2's gathered bf16 blocks and reduce-scatter buffers, activations with or without activation "
-        "checkpointing, a 5% allocator margin and a 3 GiB runtime reserve (--explain shows it all). Time: "
+        "checkpointing, the default loss on the full logits (12 B x vocab per token; parallel.loss_chunk_tokens "
+        "> 0 holds about 6 B x vocab per chunk token plus the output head's gradient instead: less when a "
+        "micro-batch has at least dim + chunk tokens), a 5% allocator margin and a 3 GiB runtime reserve "
+        "(--explain shows it all). Time: "
         "training.shapes.flops_per_token x tokens / (GPUs x dense BF16 peak x MFU). Cost: the catalog's "
         "us-east-1 on-demand price.",
     )

@@ -105,7 +105,9 @@ def test_a_deadline_beyond_256_nodes_is_not_viable():
 def test_too_few_nodes_does_not_fit_and_says_how_many():
     option = plan_option(load_workload("llama3-70b"), P5, 1e12, nodes=2)
     assert not option.viable
-    assert option.problem.startswith("does not fit on 2 nodes (needs 4): ")
+    # needs 3 (was 4 until the trainer freed the bf16 logits before backward: 2 B x 128256 x 8192 tokens =
+    # 1.96 GiB less at the peak; the sharded state 16 B x 70.55e9 / (8 x n) then fits 73 GiB from n = 2.96)
+    assert option.problem.startswith("does not fit on 2 nodes (needs 3): ")
     assert option.hours is None and option.cost_usd is None
 
 
@@ -238,7 +240,8 @@ def test_nothing_fits_exits_1_and_says_what_to_try(cli):
     result = cli("plan", "--model", "llama3-70b", "--tokens", "1T", "--instance-types", "p4d.24xlarge",
                  "--nodes", "2")
     assert result.code == EXIT_FAILED
-    assert "p4d.24xlarge: does not fit on 2 nodes (needs 31): " in result.out
+    # 21 (was 31 until the trainer freed the bf16 logits before backward; test_plan_memory.py has the arithmetic)
+    assert "p4d.24xlarge: does not fit on 2 nodes (needs 21): " in result.out
     assert result.lines[-1] == ("no instance type fits: try a shorter --seq-len, --micro-batch-size 1, or a "
                                 "later deadline")
 

@@ -1,10 +1,9 @@
 """The memory model (clusterctl/memory.py) against what torch itself measures for this project's model.
 
 torch.distributed._tools' MemTracker and FSDPMemTracker follow every tensor's storage through a real step
-(forward and backward through the trainer's own training.train._forward_backward, so with the loss the trainer
-runs: on the full fp32 logits, or fused with the output head over chunks with parallel.loss_chunk_tokens; then
-AdamW) of training.model built as training does it (training.train.build_model: FSDP2 per block then the root,
-bf16 mixed precision, fp32 reduction), on the CPU,
+(forward and backward through the trainer's own training.train._forward_backward with its default loss on
+the full fp32 logits, which the memory model is for; then AdamW) of training.model built as training does it
+(training.train.build_model: FSDP2 per block then the root, bf16 mixed precision, fp32 reduction), on the CPU,
 with a fake process group of G ranks standing in for G GPUs. Collectives move no data there, and nothing
 overlaps: the model's overlap phase (a reduce-scatter in flight during the next block's backward) is a GPU
 reality the CPU cannot show, so the model may be above the measurement, never below.
@@ -36,7 +35,7 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def measured_step_peak(world_size, shape, micro_batch_size, seq_len, activation_checkpointing, loss_chunk_tokens):
+def measured_step_peak(world_size, shape, micro_batch_size, seq_len, activation_checkpointing):
     """Peak bytes on rank 0 of `world_size` over the second of two full training steps."""
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
     try:
@@ -53,7 +52,7 @@ def measured_step_peak(world_size, shape, micro_batch_size, seq_len, activation_
         tracker.track_inputs((inputs,))
         with tracker:
             for _ in range(2):  # the second step has the optimizer state the first one created
-                _forward_backward(model, fp8, [(inputs, targets)], 1, loss_chunk_tokens=loss_chunk_tokens)
+                _forward_backward(model, fp8, [(inputs, targets)], 1)  # parallel.loss_chunk_tokens = 0
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)  # as training.train's loop
                 tracker.reset_mod_stats()
@@ -76,19 +75,13 @@ CASES = [
 ]
 
 
-# The loss: 0 = on the full logits (the default); 64 = fused over 64-token chunks, several per micro-batch in
-# every case (128 to 256 tokens), where the chunk's logits and the fp32 head-gradient sum are what it holds.
-LOSSES = [pytest.param(0, id="full-logits"), pytest.param(64, id="fused-64")]
-
-
-@pytest.mark.parametrize("loss_chunk_tokens", LOSSES)
 @pytest.mark.parametrize(("world_size", "shape", "micro_batch_size", "seq_len", "ac"), CASES)
 def test_estimate_bounds_the_measured_peak_from_above_within_30_percent(
-    world_size, shape, micro_batch_size, seq_len, ac, loss_chunk_tokens
+    world_size, shape, micro_batch_size, seq_len, ac
 ):
-    measured, cfg = measured_step_peak(world_size, shape, micro_batch_size, seq_len, ac, loss_chunk_tokens)
-    estimate = estimate_memory(cfg, RunShape(micro_batch_size, seq_len, activation_checkpointing=ac,
-                                             loss_chunk_tokens=loss_chunk_tokens), world_size, 80)
+    measured, cfg = measured_step_peak(world_size, shape, micro_batch_size, seq_len, ac)
+    estimate = estimate_memory(cfg, RunShape(micro_batch_size, seq_len, activation_checkpointing=ac),
+                               world_size, 80)
     assert measured <= estimate.peak_bytes <= 1.3 * measured, (measured, estimate.peak.name)
 
 
