@@ -241,6 +241,7 @@ def test_invalid_parallel_config_names_the_field(field, value, message):
 
 TWO_RANK_SCRIPT = textwrap.dedent(
     """
+    import gc
     import torch, torch.distributed as dist
     from training.model import Transformer, build_model_config
     from training.parallelize import (
@@ -258,6 +259,10 @@ TWO_RANK_SCRIPT = textwrap.dedent(
         reference.init_weights(seed=3)
         same = all(torch.equal(full[n], p) for n, p in reference.named_parameters())
         print("WORLD", info.world_size, "SAME_AS_ONE_PROCESS", same, "LOCAL_ROWS", local.shape[0])
+    # the FSDP2 model's reference cycles hold process-group objects: collect them now, not at interpreter
+    # shutdown, where gloo can abort the rank (as training.train does)
+    del model, full, local
+    gc.collect()
     dist.destroy_process_group()
     """
 )
