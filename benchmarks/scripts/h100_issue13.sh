@@ -56,9 +56,9 @@ versions | tee "$OUT/versions-$part.txt"
 case "$part" in
   loss)
     bench loss-mb4-full --backends none --micro-batch-size 4 --steps 12 --warmup-steps 4
-    bench loss-mb4-chunk8k --backends none --micro-batch-size 4 --steps 12 --warmup-steps 4 --loss-chunk-tokens 8192
-    bench loss-mb6-chunk8k --backends none --micro-batch-size 6 --steps 10 --warmup-steps 4 --loss-chunk-tokens 8192
-    bench loss-mb8-chunk8k --backends none --micro-batch-size 8 --steps 8 --warmup-steps 3 --loss-chunk-tokens 8192
+    bench loss-mb4-chunk4k --backends none --micro-batch-size 4 --steps 12 --warmup-steps 4 --loss-chunk-tokens 4096
+    bench loss-mb6-chunk4k --backends none --micro-batch-size 6 --steps 10 --warmup-steps 4 --loss-chunk-tokens 4096
+    bench loss-mb8-chunk4k --backends none --micro-batch-size 8 --steps 8 --warmup-steps 3 --loss-chunk-tokens 4096
     summary loss ;;
   fp8-8b)
     bench fp8-8b-l4 --preset llama3-8b --layers 4 --backends none,torchao --compare-torchtitan \

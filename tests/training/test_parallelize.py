@@ -241,6 +241,7 @@ def test_invalid_parallel_config_names_the_field(field, value, message):
 
 TWO_RANK_SCRIPT = textwrap.dedent(
     """
+    import gc
     import torch, torch.distributed as dist
     from training.model import Transformer, build_model_config
     from training.parallelize import (
@@ -258,6 +259,10 @@ TWO_RANK_SCRIPT = textwrap.dedent(
         reference.init_weights(seed=3)
         same = all(torch.equal(full[n], p) for n, p in reference.named_parameters())
         print("WORLD", info.world_size, "SAME_AS_ONE_PROCESS", same, "LOCAL_ROWS", local.shape[0])
+    # the FSDP2 model's reference cycles hold process-group objects: collect them now, not at interpreter
+    # shutdown, where gloo can abort the rank (as training.train does)
+    del model, full, local
+    gc.collect()
     dist.destroy_process_group()
     """
 )
@@ -293,6 +298,7 @@ def test_two_ranks_shard_the_same_model_one_process_would_build(tmp_path):
 
 FUSED_LOSS_SCRIPT = textwrap.dedent(
     """
+    import gc
     import torch, torch.distributed as dist, torch.nn.functional as F
     from training.model import Transformer, build_model_config
     from training.parallelize import (
@@ -323,6 +329,10 @@ FUSED_LOSS_SCRIPT = textwrap.dedent(
     dist.all_gather_object(lines, line)  # printed by rank 0 alone: two ranks' prints interleave
     if info.rank == 0:
         print("\\n".join(lines), flush=True)
+    # the FSDP2 model's reference cycles hold gloo work objects: collected now, not at interpreter shutdown,
+    # where they can abort the rank (training.train does the same)
+    del model, full, fused
+    gc.collect()
     dist.destroy_process_group()
     """
 )
