@@ -28,6 +28,8 @@ from training.parallelize import (
     set_process_group_timeout,
 )
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -38,14 +40,6 @@ def dist_info():
     yield info
     if not was_initialized:
         destroy_distributed()
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # see test_model.py
-    yield
-    torch.set_num_threads(before)
 
 
 def build(info, parallel: ParallelConfig, fp8=None, seed: int = 0, **shape) -> Transformer:
