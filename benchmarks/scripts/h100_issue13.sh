@@ -5,6 +5,8 @@
 #   bash benchmarks/scripts/h100_issue13.sh fp8-8b   # Llama 3 8B's matmul shapes (4 layers): bf16 vs torchao, vs torchtitan
 #   bash benchmarks/scripts/h100_issue13.sh fp8-1b   # 1b torchao tensorwise and rowwise, three processes each (the spread)
 #   bash benchmarks/scripts/h100_issue13.sh ckpt     # 1b checkpoint: staging inline (before) vs auto (after)
+#   bash benchmarks/scripts/h100_issue13.sh resume   # correctness first: resume from an async checkpoint staged on
+#                                                    # the side CUDA stream (checkpoint.staging=auto), and with the fused loss
 #
 # Run from the repository root. It installs torchao 0.18.0 and torchtitan 0.2.2 (with their dependencies) from
 # wheels carried in .whl/ when the machine cannot reach PyPI (the device tool's carry: .whl), else from PyPI.
@@ -50,7 +52,7 @@ for path in sorted(pathlib.Path(sys.argv[1]).glob(sys.argv[2] + "*.json")):
 EOF
 }
 
-part=${1:?"which part: loss, fp8-8b, fp8-1b or ckpt"}
+part=${1:?"which part: loss, fp8-8b, fp8-1b, ckpt or resume"}
 install
 versions | tee "$OUT/versions-$part.txt"
 case "$part" in
@@ -76,5 +78,9 @@ case "$part" in
         || echo "ckpt $staging: exit $?"
       tail -12 "$OUT/ckpt-1b-$staging.err"
     done ;;
-  *) echo "unknown part $part: allowed: loss, fp8-8b, fp8-1b, ckpt"; exit 2 ;;
+  resume)
+    OUT=$OUT/resume bash benchmarks/scripts/gpu_resume_check.sh
+    OUT=$OUT/resume VARIANTS=none TAG=-fused-loss EXTRA="--set parallel.loss_chunk_tokens=2048" \
+      bash benchmarks/scripts/gpu_resume_check.sh ;;
+  *) echo "unknown part $part: allowed: loss, fp8-8b, fp8-1b, ckpt, resume"; exit 2 ;;
 esac
