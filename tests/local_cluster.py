@@ -3,6 +3,10 @@ job table, the alarm topic), and every "instance" is a fake node root whose jobs
 document's own script (cluster_constructs/jobs.py build_job_script) runs node_bootstrap.jobs with the direct
 launcher, which runs torchrun and the real training package on the CPU.
 
+CloudFormation holds the stack's outputs as a deployed stack has them (clusterctl/stack.py), so the drills run
+`clusterctl submit/cancel/status/jobs` in-process against this cluster: give clusterctl's SSM client to
+`attach` and its commands run here too.
+
 SSM is the seam. moto records every SendCommand (so ListCommands works), and this module then does what the
 SSM agent on each target would: checks the parameters against the document's allowedPattern/allowedValues,
 sets SSM_<name> for each (interpolationType ENV_VAR), and runs the script. GetCommandInvocation answers from
@@ -10,7 +14,8 @@ those runs. A command to an instance that has no live node is refused as SSM ref
 
 What a laptop cannot be is mapped, in one place (NODE_PYTHON_SHIM): every node's torchrun meets on
 127.0.0.1 instead of the private IP the keeper chose (that IP is recorded for the assertions), on a port per
-attempt, with one process per node instead of 8 GPUs; FSx for Lustre is one directory all node roots link to.
+attempt, with one process per node instead of 8 GPUs; FSx for Lustre is one directory all node roots link to
+(each root's /fsx), so a path on the nodes, such as a job record's checkpoint_dir, is `local_path(path)` here.
 """
 
 from __future__ import annotations
@@ -39,6 +44,13 @@ STACK = "DrillStack"
 GROUP = "DrillStack-nodes"
 DOCUMENT = "DrillStack-JobsDocument-Drill1"
 TABLE = "DrillStack-JobTable-Drill1"
+LOG_GROUP = f"/training-cluster/{STACK}"
+NODE_CONFIG = json.loads(GOLDEN_NODE_CONFIG.read_text())
+# The stack's CheckpointRoot output is the node config's training.checkpointRoot (both are
+# cluster_constructs.node_config.checkpoint_root), so the checkpoint_dir clusterctl records is the directory the
+# nodes write.
+CHECKPOINT_ROOT = NODE_CONFIG["training"]["checkpointRoot"]
+FSX_MOUNT = "/fsx"
 IMAGE_ID = "ami-12c6146b"
 COMMAND_TIMEOUT_S = 300
 
@@ -140,6 +152,8 @@ class LocalCluster:
     base: Path
     node_count: int
     instance_type: str = "p5.48xlarge"
+    capacity_mode: str = "on-demand"  # the stack's CapacityMode output
+    max_job_restarts: int = 5  # the stack's MaxJobRestarts output (settings: jobKeeper.maxJobRestarts)
     nodes: dict[str, NodeRoot] = field(default_factory=dict)
     base_port: int = field(default_factory=free_port_block)
     results: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
@@ -176,8 +190,35 @@ class LocalCluster:
         queue_arn = sqs.get_queue_attributes(QueueUrl=self.alarm_queue, AttributeNames=["QueueArn"])[
             "Attributes"]["QueueArn"]
         sns.subscribe(TopicArn=self.topic_arn, Protocol="sqs", Endpoint=queue_arn)
+        self._create_stack()
         for instance_id in self.instance_ids():
             self.boot(instance_id)
+
+    def _create_stack(self) -> None:
+        """The stack clusterctl reads: the outputs TrainingClusterStack has (stacks/, clusterctl/stack.py),
+        naming this cluster's group, document and table."""
+        outputs = {
+            "AutoScalingGroupName": GROUP,
+            "LogGroupName": LOG_GROUP,
+            "JobDocumentName": DOCUMENT,
+            "InstanceType": self.instance_type,
+            "NodeCount": str(self.node_count),
+            "CapacityMode": self.capacity_mode,
+            "JobTableName": TABLE,
+            "MaxJobRestarts": str(self.max_job_restarts),
+            "CheckpointRoot": CHECKPOINT_ROOT,
+        }
+        template = {
+            "Resources": {"Logs": {"Type": "AWS::Logs::LogGroup", "Properties": {"LogGroupName": LOG_GROUP}}},
+            "Outputs": {key: {"Value": value} for key, value in outputs.items()},
+        }
+        boto3.client("cloudformation", region_name=REGION).create_stack(
+            StackName=STACK, TemplateBody=json.dumps(template))
+
+    def local_path(self, node_path: str) -> Path:
+        """Where a path on the nodes' shared FSx (/fsx/...) is on this machine."""
+        relative = Path(node_path).relative_to(FSX_MOUNT)
+        return self.fsx / relative
 
     # --- the group --------------------------------------------------------------------------------------
 
@@ -193,8 +234,7 @@ class LocalCluster:
         """A node's root as node_bootstrap leaves it, and its cluster:bootstrap=ready tag."""
         root = self.base / instance_id
         (root / "etc/cluster").mkdir(parents=True)
-        config = json.loads(GOLDEN_NODE_CONFIG.read_text())
-        (root / "etc/cluster/node-config.json").write_text(json.dumps(config))
+        (root / "etc/cluster/node-config.json").write_text(json.dumps(NODE_CONFIG))
         (root / "etc/cluster/training.env").write_text("OMP_NUM_THREADS=1\nPYTHONUNBUFFERED=1\n")
         (root / "opt/cluster").mkdir(parents=True)
         (root / "opt/cluster/bundle").symlink_to(REPO)
@@ -202,7 +242,7 @@ class LocalCluster:
         trainer_python.parent.mkdir(parents=True)
         trainer_python.write_text(TRAINER_PYTHON.format(python=sys.executable))
         trainer_python.chmod(0o755)
-        (root / "fsx").symlink_to(self.fsx)  # FSx for Lustre: one file system every node mounts
+        (root / FSX_MOUNT.lstrip("/")).symlink_to(self.fsx)  # FSx for Lustre: one file system every node mounts
         uid, gid = os.getuid(), os.getgid()
         (root / "etc/passwd").write_text(
             f"root:x:0:0:root:/root:/bin/bash\ncluster-job:x:{uid}:{gid}:jobs:/var/lib/cluster-job:/sbin/nologin\n")

@@ -5,6 +5,8 @@
 #   bash benchmarks/scripts/h100_issue13.sh fp8-8b   # Llama 3 8B's matmul shapes (4 layers): bf16 vs torchao, vs torchtitan
 #   bash benchmarks/scripts/h100_issue13.sh fp8-1b   # 1b torchao tensorwise and rowwise, three processes each (the spread)
 #   bash benchmarks/scripts/h100_issue13.sh ckpt     # 1b checkpoint: staging inline (before) vs auto (after)
+#   bash benchmarks/scripts/h100_issue13.sh resume   # correctness first: resume from an async checkpoint staged on
+#                                                    # the side CUDA stream (checkpoint.staging=auto), and with the fused loss
 #
 # Run from the repository root. It installs torchao 0.18.0 and torchtitan 0.2.2 (with their dependencies) from
 # wheels carried in .whl/ when the machine cannot reach PyPI (the device tool's carry: .whl), else from PyPI.
@@ -31,9 +33,9 @@ versions() {
   python3 -c "from importlib.metadata import version; print('torchtitan', version('torchtitan'))" 2>/dev/null
 }
 
-bench() {  # bench NAME ARGS...: one process, JSON to $OUT/NAME.json, the table to $OUT/NAME.txt
+bench() {  # bench NAME ARGS...: one process (add --compile where wanted), JSON to $OUT/NAME.json, the table to $OUT/NAME.txt
   local name=$1; shift
-  timeout 540 python3 -m training.bench --compile "$@" --json "$OUT/$name.json" > "$OUT/$name.txt" 2> "$OUT/$name.err" \
+  timeout 540 python3 -m training.bench "$@" --json "$OUT/$name.json" > "$OUT/$name.txt" 2> "$OUT/$name.err" \
     || echo "$name: exit $?; $(tail -2 "$OUT/$name.err")"
 }
 
@@ -50,23 +52,26 @@ for path in sorted(pathlib.Path(sys.argv[1]).glob(sys.argv[2] + "*.json")):
 EOF
 }
 
-part=${1:?"which part: loss, fp8-8b, fp8-1b or ckpt"}
+part=${1:?"which part: loss, fp8-8b, fp8-1b, ckpt or resume"}
 install
 versions | tee "$OUT/versions-$part.txt"
 case "$part" in
   loss)
-    bench loss-mb4-full --backends none --micro-batch-size 4 --steps 12 --warmup-steps 4
-    bench loss-mb4-chunk8k --backends none --micro-batch-size 4 --steps 12 --warmup-steps 4 --loss-chunk-tokens 8192
-    bench loss-mb6-chunk8k --backends none --micro-batch-size 6 --steps 10 --warmup-steps 4 --loss-chunk-tokens 8192
-    bench loss-mb8-chunk8k --backends none --micro-batch-size 8 --steps 8 --warmup-steps 3 --loss-chunk-tokens 8192
+    # the peak clusterctl's memory model is pinned to (44.78 GiB eager at mb 2, measured before the bf16
+    # logits were freed before backward: tests/clusterctl/test_plan_memory.py)
+    bench loss-mb2-eager-full --backends none --micro-batch-size 2 --steps 4 --warmup-steps 2
+    bench loss-mb4-full --compile --backends none --micro-batch-size 4 --steps 12 --warmup-steps 4
+    bench loss-mb4-chunk4k --compile --backends none --micro-batch-size 4 --steps 12 --warmup-steps 4 --loss-chunk-tokens 4096
+    bench loss-mb6-chunk4k --compile --backends none --micro-batch-size 6 --steps 10 --warmup-steps 4 --loss-chunk-tokens 4096
+    bench loss-mb8-chunk4k --compile --backends none --micro-batch-size 8 --steps 8 --warmup-steps 3 --loss-chunk-tokens 4096
     summary loss ;;
   fp8-8b)
-    bench fp8-8b-l4 --preset llama3-8b --layers 4 --backends none,torchao --compare-torchtitan \
+    bench fp8-8b-l4 --compile --preset llama3-8b --layers 4 --backends none,torchao --compare-torchtitan \
       --micro-batch-size 2 --steps 10 --warmup-steps 4
     summary fp8-8b ;;
   fp8-1b)
     for i in 1 2 3; do
-      bench "fp8-1b-mb4-run$i" --backends none,torchao --micro-batch-size 4 --steps 12 --warmup-steps 4
+      bench "fp8-1b-mb4-run$i" --compile --backends none,torchao --micro-batch-size 4 --steps 12 --warmup-steps 4
     done
     summary fp8-1b ;;
   ckpt)
@@ -76,5 +81,9 @@ case "$part" in
         || echo "ckpt $staging: exit $?"
       tail -12 "$OUT/ckpt-1b-$staging.err"
     done ;;
-  *) echo "unknown part $part: allowed: loss, fp8-8b, fp8-1b, ckpt"; exit 2 ;;
+  resume)
+    OUT=$OUT/resume bash benchmarks/scripts/gpu_resume_check.sh
+    OUT=$OUT/resume VARIANTS=none TAG=-fused-loss EXTRA="--set parallel.loss_chunk_tokens=2048" \
+      bash benchmarks/scripts/gpu_resume_check.sh ;;
+  *) echo "unknown part $part: allowed: loss, fp8-8b, fp8-1b, ckpt, resume"; exit 2 ;;
 esac

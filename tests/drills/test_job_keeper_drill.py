@@ -1,16 +1,18 @@
 """Failure drills for the job keeper (clusterctl/keeper.py through its Lambda handler), on this machine.
 
-moto stands in for Auto Scaling, EC2, SSM, DynamoDB and SNS; two "nodes" run the jobs document's script, the
-real node launcher (direct) and, in the main drill, the real training package on the CPU (tests/drills/
-local_cluster.py). The keeper is called with events shaped as AWS documents them (EventBridge "Scheduled
-Event"; EC2 Auto Scaling "EC2 Instance Terminate Successful" / "EC2 Instance Launch Successful"; EC2 "Capacity
-Block Expiration Warning"), never with moto's own shapes.
+moto stands in for CloudFormation (the stack's outputs), Auto Scaling, EC2, SSM, DynamoDB and SNS; two "nodes"
+run the jobs document's script, the real node launcher (direct) and, in the main drill, the real training
+package on the CPU (tests/local_cluster.py). Jobs are submitted, cancelled and read with the real clusterctl
+CLI, in-process (`clusterctl.cli.main`), whose SSM client is the one the nodes are attached to and the one the
+keeper uses. The keeper is called with events shaped as AWS documents them (EventBridge "Scheduled Event"; EC2
+Auto Scaling "EC2 Instance Terminate Successful" / "EC2 Instance Launch Successful"; EC2 "Capacity Block
+Expiration Warning"), never with moto's own shapes.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
+import io
 import json
 import time
 from pathlib import Path
@@ -19,20 +21,21 @@ import boto3
 import pytest
 from aws_events import autoscaling_event, expiration_warning, scheduled_event
 from fake_aws import isolate_from_real_aws
-from local_cluster import DOCUMENT, GROUP, REGION, STACK, TABLE, LocalCluster
+from local_cluster import CHECKPOINT_ROOT, DOCUMENT, GROUP, REGION, STACK, TABLE, LocalCluster
 from moto import mock_aws
 from torchrun_support import SMALL, torchrun
 
-from clusterctl import jobs
-from clusterctl.job_table import Attempt, JobAlreadyActive, JobRecord, JobTable, utc_now_text
+from clusterctl import cli
+from clusterctl.aws import EXIT_FAILED, EXIT_OK, AwsContext
+from clusterctl.job_table import JobRecord, JobTable
 from clusterctl.keeper import Clients, Keeper, KeeperSettings
 from clusterctl.keeper_lambda import handler
-from clusterctl.nodes import list_nodes
 
 pytestmark = pytest.mark.slow
 DRILL_TIMEOUT_S = 300.0
 CHECKPOINT_INTERVAL = 5
 STEPS = 60
+CONFIG = "training/configs/tiny-cpu.toml"
 # The tiny CPU trainer, checkpoints every CHECKPOINT_INTERVAL steps, all of them kept (the straight run
 # resumes from the one the restart resumed from), a loss line every step.
 JOB_OVERRIDES = [*SMALL, f"run.steps={STEPS}", f"checkpoint.interval_steps={CHECKPOINT_INTERVAL}",
@@ -49,41 +52,52 @@ def aws(monkeypatch, tmp_path):
         yield
 
 
+@dataclasses.dataclass(frozen=True)
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+
+def _no_prompt(prompt: str) -> str:
+    raise AssertionError(f"clusterctl asked, and a drill cannot answer: {prompt}")
+
+
 @dataclasses.dataclass
 class Drill:
     cluster: LocalCluster
     keeper: Keeper
     table: JobTable
-    ssm: object
+    context: AwsContext  # clusterctl's clients: its SSM client is attached to the cluster, and is the keeper's
 
     def event(self, event: dict) -> dict:
         return handler(event, None, keeper=self.keeper)
+
+    def clusterctl(self, *argv: str) -> CliResult:
+        """clusterctl ARGV against the drill's stack, in-process, as an operator would type it."""
+        out, err = io.StringIO(), io.StringIO()
+        runtime = cli.Runtime(out=out, err=err, confirm=_no_prompt, context=self.context)
+        code = cli.main(["--stack", STACK, *argv], runtime)
+        return CliResult(code, out.getvalue(), err.getvalue())
+
+    def clusterctl_json(self, *argv: str) -> dict:
+        result = self.clusterctl(*argv, "--json")
+        assert result.code == EXIT_OK, result
+        return json.loads(result.out)
 
     def record(self, job_id: str) -> JobRecord:
         record = self.table.get(job_id)
         assert record is not None
         return record
 
-    def submit(self, overrides: list[str], *, max_job_restarts: int = 5, nodes: int = 2) -> JobRecord:
-        """What `clusterctl submit` does: the record and the lock first, then the start on the first ready
-        nodes by private IP."""
-        autoscaling, ec2 = boto3.client("autoscaling"), boto3.client("ec2")
-        selected = [n for n in list_nodes(autoscaling, ec2, GROUP) if n.ready][:nodes]
-        now = datetime.datetime.now(datetime.UTC)
-        job_id = jobs.new_job_id(now)
-        config = "training/configs/tiny-cpu.toml"
-        record = self.table.create(JobRecord(
-            job_id=job_id, module="training", config=config,
-            config_text=(Path(__file__).parents[2] / config).read_text(), overrides=list(overrides),
-            resume_from="", nodes=nodes, gpus_per_node=8, max_restarts=0, max_job_restarts=max_job_restarts,
-            instance_type="p5.48xlarge", checkpoint_dir=f"/fsx/checkpoints/{job_id}", state="starting",
-            created_at=utc_now_text(now), updated_at=utc_now_text(now),
-            attempts=[Attempt(1, [n.instance_id for n in selected], str(selected[0].private_ip),
-                              utc_now_text(now))]))
-        request = jobs.JobRequest(config=config, nodes=nodes, gpus_per_node=8, max_restarts=0,
-                                  overrides=tuple(overrides))
-        result = jobs.submit_job(self.ssm, DOCUMENT, selected, request, job_id)
-        assert not result.failed, [i.error for i in result.failed]
+    def submit(self, overrides: list[str]) -> JobRecord:
+        """`clusterctl submit` on every node of the stack (NodeCount), with torchrun's --max-restarts 0: the
+        keeper, not torchrun, restarts a job that lost a node."""
+        submitted = self.clusterctl_json(*submit_argv(overrides))
+        assert not submitted["failed"], submitted
+        record = self.record(submitted["jobId"])
+        assert record.current is not None and record.current.nodes == submitted["nodes"]
+        assert record.checkpoint_dir == submitted["checkpointDir"] == f"{CHECKPOINT_ROOT}/{record.job_id}"
         return record
 
     def until(self, job_id: str, predicate, what: str, timeout_s: float = DRILL_TIMEOUT_S) -> JobRecord:
@@ -130,24 +144,42 @@ def losses(log: str) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in step_records(log) if "loss" in r}
 
 
-def make_drill(tmp_path: Path, *, capacity_mode: str = "on-demand", reservation_id: str = "") -> Drill:
-    cluster = LocalCluster(tmp_path / "cluster", node_count=2)
-    ssm = cluster.attach(boto3.client("ssm", region_name=REGION))
+def submit_argv(overrides: list[str]) -> list[str]:
+    return ["submit", "--config", CONFIG, "--max-restarts", "0", *(f"--set={o}" for o in overrides)]
+
+
+def make_drill(tmp_path: Path, *, capacity_mode: str = "on-demand", reservation_id: str = "",
+               max_job_restarts: int = 5) -> Drill:
+    cluster = LocalCluster(tmp_path / "cluster", node_count=2, capacity_mode=capacity_mode,
+                           max_job_restarts=max_job_restarts)
+    context = AwsContext(boto3.Session(region_name=REGION))
+    cluster.attach(context.client("ssm"))  # before clusterctl or the keeper sends anything
     settings = KeeperSettings(table_name=TABLE, document_name=DOCUMENT, group_name=GROUP,
-                              alarm_topic_arn=cluster.topic_arn, stack_name=STACK, instance_type="p5.48xlarge",
+                              alarm_topic_arn=cluster.topic_arn, stack_name=STACK, instance_type=cluster.instance_type,
                               capacity_mode=capacity_mode, capacity_reservation_id=reservation_id)
-    dynamodb = boto3.client("dynamodb", region_name=REGION)
-    clients = Clients(dynamodb=dynamodb, ssm=ssm, ec2=boto3.client("ec2", region_name=REGION),
-                      autoscaling=boto3.client("autoscaling", region_name=REGION),
-                      sns=boto3.client("sns", region_name=REGION))
-    return Drill(cluster, Keeper(settings, clients), JobTable(dynamodb, TABLE), ssm)
+    clients = Clients(dynamodb=context.client("dynamodb"), ssm=context.client("ssm"), ec2=context.client("ec2"),
+                      autoscaling=context.client("autoscaling"), sns=context.client("sns"))
+    return Drill(cluster, Keeper(settings, clients), JobTable(context.client("dynamodb"), TABLE), context)
 
 
 @pytest.fixture()
-def drill(aws, tmp_path):
-    made = make_drill(tmp_path)
-    yield made
-    made.cluster.cleanup()
+def drills(aws, tmp_path):
+    """make_drill(**stack outputs) for this test; its nodes' processes are killed at the end."""
+    made: list[Drill] = []
+
+    def make(**outputs) -> Drill:
+        assert not made, "one cluster per test: the stack, group and table names are fixed"
+        made.append(make_drill(tmp_path, **outputs))
+        return made[-1]
+
+    yield make
+    for each in made:
+        each.cluster.cleanup()
+
+
+@pytest.fixture()
+def drill(drills):
+    return drills()
 
 
 # --- the drills -----------------------------------------------------------------------------------------
@@ -189,7 +221,8 @@ def test_a_lost_rendezvous_node_is_replaced_and_the_job_resumes_bit_exact(drill,
     attempt2_logs = [drill.cluster.nodes[n].job_log(job_id).rsplit(RESUME_LINE, 1)[-1] for n in second.nodes]
     (rank0_log,) = [log for log in attempt2_logs if losses(log)]
     after_restart = {step: loss for step, loss in losses(rank0_log).items() if step > resumed}
-    checkpoint = drill.cluster.fsx / "checkpoints" / job_id / f"step-{resumed}"
+    # the record's checkpoint directory (clusterctl's, from the stack's CheckpointRoot) is where the nodes wrote
+    checkpoint = drill.cluster.local_path(done.checkpoint_dir) / f"step-{resumed}"
     assert checkpoint.is_dir(), sorted(p.name for p in checkpoint.parent.iterdir())
     extra = [o for o in JOB_OVERRIDES if o not in SMALL] + [f"checkpoint.dir={tmp_path / 'straight'}"]
     straight = torchrun(extra, resume=str(checkpoint))
@@ -198,12 +231,28 @@ def test_a_lost_rendezvous_node_is_replaced_and_the_job_resumes_bit_exact(drill,
     assert sorted(after_restart) == list(range(resumed + 1, STEPS + 1))
     assert drill.table.active_job_id() is None  # the lock was given back with the final state
 
+    # what the operator reads: `clusterctl status` asks attempt 2's nodes, `clusterctl jobs` the table
+    status = drill.clusterctl_json("status", job_id)
+    assert (status["state"], status["nodesState"]) == ("succeeded", "succeeded"), status
+    assert sorted(n["instance_id"] for n in status["nodes"]) == sorted(second.nodes)
+    assert [a["steps_lost"] for a in status["record"]["attempts"]] == [steps_lost, None]
+    listed = drill.clusterctl_json("jobs")
+    assert listed["activeJobId"] is None
+    assert [(j["job_id"], j["state"], j["attempt"]) for j in listed["jobs"]] == [(job_id, "succeeded", 2)]
+
 
 def test_a_second_job_is_refused_while_one_is_active(drill):
     record = drill.submit(JOB_OVERRIDES)
-    with pytest.raises(JobAlreadyActive, match=f"job {record.job_id} .* is active on this cluster"):
-        drill.submit(JOB_OVERRIDES)
+    refused = drill.clusterctl(*submit_argv(JOB_OVERRIDES))
+    assert refused.code == EXIT_FAILED and refused.out == "", refused
+    assert refused.err == (
+        f"clusterctl: error: not submitted: job {record.job_id} (running) is active on this cluster, and a cluster "
+        f"runs one job at a time; stop it with: clusterctl cancel {record.job_id} (several jobs at once: deploy "
+        "several stacks)\n")
     assert drill.table.active_job_id() == record.job_id
+    listed = drill.clusterctl_json("jobs")
+    assert listed["activeJobId"] == record.job_id
+    assert [j["job_id"] for j in listed["jobs"]] == [record.job_id]  # the refused submit wrote no record
     starts = [r for r in drill.cluster.sent if r["Parameters"]["action"] == ["start"]]
     assert len(starts) == 1
 
@@ -221,11 +270,16 @@ def test_a_cancel_while_restarting_is_not_undone(drill):
     assert (outcome["action"], outcome["state"]) == ("waiting", "restarting"), outcome
     assert "1 of 2 ready" in outcome["detail"] or "2 nodes asked" in outcome["detail"], outcome
 
-    # what `clusterctl cancel` writes first, before it stops anything
-    restarting = drill.record(job_id)
-    drill.table.save(dataclasses.replace(restarting, state="cancelled", cancel_requested_by="clusterctl cancel",
-                                         reason="cancelled by clusterctl cancel",
-                                         ended_at=restarting.updated_at), datetime.datetime.now(datetime.UTC))
+    # the operator cancels while the keeper waits for a replacement; the keeper had stopped the survivor already
+    cancelled = drill.clusterctl("cancel", job_id)
+    assert cancelled.code == EXIT_OK, cancelled
+    lines = cancelled.out.splitlines()
+    assert lines[0] == (f"job {job_id}: recorded as cancelled (it will not be restarted); stopping attempt 1 on "
+                        "its 2 nodes"), cancelled.out
+    assert any(line.startswith(lost) and "gone (replaced)" in line for line in lines), cancelled.out
+    assert lines[-1] == "attempt 1's nodes: cancelled (2 nodes, 1 gone (replaced))", cancelled.out
+    marked = drill.record(job_id)
+    assert (marked.state, marked.cancel_requested_by) == ("cancelled", "clusterctl cancel"), marked
     drill.cluster.boot(replacement)  # now the group is whole again
     assert drill.event(autoscaling_event("EC2 Instance Launch Successful", replacement))["action"] == "idle"
     assert drill.event(scheduled_event())["action"] == "idle"
@@ -235,8 +289,10 @@ def test_a_cancel_while_restarting_is_not_undone(drill):
     assert len(starts) == 1  # the submit's; no second attempt was sent
 
 
-def test_the_restart_limit_fails_the_job_and_publishes_an_alarm(drill):
-    record = drill.submit(LONG_JOB, max_job_restarts=1)
+def test_the_restart_limit_fails_the_job_and_publishes_an_alarm(drills):
+    drill = drills(max_job_restarts=1)  # the stack's MaxJobRestarts output, which submit records
+    record = drill.submit(LONG_JOB)
+    assert record.max_job_restarts == 1
     job_id = record.job_id
     for attempt in (1, 2):
         current = drill.record(job_id).attempts[-1]
@@ -263,23 +319,20 @@ def test_the_restart_limit_fails_the_job_and_publishes_an_alarm(drill):
     assert drill.cluster.nodes[survivor].job_status(job_id)["state"] != "running"
 
 
-def test_a_capacity_block_end_stops_the_job_and_it_is_never_restarted(aws, tmp_path):
-    drill = make_drill(tmp_path, capacity_mode="capacity-block")
-    try:
-        record = drill.submit(LONG_JOB)
-        job_id = record.job_id
-        drill.wait_for_step(job_id, 2)
-        outcome = drill.event(expiration_warning("cr-0123456789abcdef0", "2026-11-23T12:00:00Z"))
-        assert (outcome["action"], outcome["state"]) == ("cancelled", "cancelled"), outcome
-        final = drill.record(job_id)
-        assert final.cancel_requested_by == "capacity block end"
-        assert final.reason.startswith("Capacity Block cr-0123456789abcdef0 ends at 2026-11-23T12:00:00Z")
-        for node in record.attempts[0].nodes:
-            assert drill.cluster.nodes[node].job_status(job_id)["state"] in ("cancelled", "succeeded")
-        # EC2 then terminates the instances: the keeper does not bring the job back
-        lost = record.attempts[0].nodes[0]
-        drill.cluster.boot(drill.cluster.lose(lost))
-        assert drill.event(autoscaling_event("EC2 Instance Terminate Successful", lost))["action"] == "idle"
-        assert drill.record(job_id).attempt == 1
-    finally:
-        drill.cluster.cleanup()
+def test_a_capacity_block_end_stops_the_job_and_it_is_never_restarted(drills):
+    drill = drills(capacity_mode="capacity-block")
+    record = drill.submit(LONG_JOB)
+    job_id = record.job_id
+    drill.wait_for_step(job_id, 2)
+    outcome = drill.event(expiration_warning("cr-0123456789abcdef0", "2026-11-23T12:00:00Z"))
+    assert (outcome["action"], outcome["state"]) == ("cancelled", "cancelled"), outcome
+    final = drill.record(job_id)
+    assert final.cancel_requested_by == "capacity block end"
+    assert final.reason.startswith("Capacity Block cr-0123456789abcdef0 ends at 2026-11-23T12:00:00Z")
+    for node in record.attempts[0].nodes:
+        assert drill.cluster.nodes[node].job_status(job_id)["state"] in ("cancelled", "succeeded")
+    # EC2 then terminates the instances: the keeper does not bring the job back
+    lost = record.attempts[0].nodes[0]
+    drill.cluster.boot(drill.cluster.lose(lost))
+    assert drill.event(autoscaling_event("EC2 Instance Terminate Successful", lost))["action"] == "idle"
+    assert drill.record(job_id).attempt == 1

@@ -25,31 +25,18 @@ from training.model import build_model_config, count_params, flops_per_token
 REPO = Path(__file__).resolve().parents[2]
 
 
+def run_bench(*args: str) -> subprocess.CompletedProcess:
+    """python -m training.bench in a subprocess (it creates and destroys its own process group)."""
+    return subprocess.run([sys.executable, "-m", "training.bench", *args], capture_output=True, text=True,
+                          timeout=300, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
+
+
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory):
-    """One real run in a subprocess (it creates and destroys its own process group)."""
+    """One real run of every backend, shared by the tests that read its table and its JSON."""
     out = tmp_path_factory.mktemp("bench") / "bench.json"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "training.bench",
-            "--steps",
-            "2",
-            "--warmup-steps",
-            "1",
-            "--seq-len",
-            "32",
-            "--compare-torchtitan",
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
-    )
+    result = run_bench("--steps", "2", "--warmup-steps", "1", "--seq-len", "32", "--compare-torchtitan",
+                       "--json", str(out))
     return result, json.loads(out.read_text()) if out.exists() else None
 
 
@@ -114,12 +101,8 @@ def test_the_fused_loss_row_says_so_and_trains_like_the_full_logits(bench_run, t
     """--loss-chunk-tokens: recorded in the JSON and the table's context line; same seed, same tokens, so the
     none row's loss is the full-logits run's to float32 rounding."""
     out = tmp_path / "fused.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "training.bench", "--steps", "2", "--warmup-steps", "1", "--seq-len", "32",
-         "--backends", "none", "--loss-chunk-tokens", "100", "--json", str(out)],
-        capture_output=True, text=True, timeout=300, cwd=REPO,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
-    )
+    result = run_bench("--steps", "2", "--warmup-steps", "1", "--seq-len", "32", "--backends", "none",
+                       "--loss-chunk-tokens", "100", "--json", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "| loss fused over 100-token chunks (titan: full logits)" in result.stdout.splitlines()[0]
     assert "| loss full logits" in bench_run[0].stdout.splitlines()[0]
@@ -176,12 +159,8 @@ def test_ratio_is_ours_over_torchtitans_for_the_same_backend_and_recipe():
 
 def test_layers_override_the_presets_depth_and_everything_counted_from_it(tmp_path):
     out = tmp_path / "bench.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "training.bench", "--layers", "1", "--backends", "none", "--steps", "1",
-         "--warmup-steps", "0", "--seq-len", "16", "--json", str(out)],
-        capture_output=True, text=True, timeout=300, cwd=REPO,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
-    )
+    result = run_bench("--layers", "1", "--backends", "none", "--steps", "1", "--warmup-steps", "0",
+                       "--seq-len", "16", "--json", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(out.read_text())
     one_layer = replace(build_model_config("tiny"), n_layers=1)

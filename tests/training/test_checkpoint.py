@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import threading
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint import FileSystemWriter
 
@@ -27,19 +25,7 @@ from training.checkpoint import (
 )
 from training.errors import ConfigError
 
-
-@pytest.fixture(scope="module", autouse=True)
-def process_group():
-    """A 1-rank gloo group, as init_distributed() gives a plain `python -m training`."""
-    if dist.is_initialized():
-        yield
-        return
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
+pytestmark = pytest.mark.usefixtures("one_rank_process_group")
 
 
 def make_model_and_optimizer(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:

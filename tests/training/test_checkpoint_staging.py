@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -15,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
@@ -27,20 +25,9 @@ from training.checkpoint import MARKER_FILE, CheckpointConfig, Checkpointer, Che
 from training.checkpoint_staging import staging_api_available, use_pinned_memory
 from training.errors import ConfigError
 
+pytestmark = pytest.mark.usefixtures("one_rank_process_group")
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def process_group():
-    if dist.is_initialized():
-        yield
-        return
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def model_and_optimizer(seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer]:

@@ -26,6 +26,8 @@ from training.fp8 import Fp8Config, build_fp8_backend
 from training.parallelize import ParallelConfig, build_data_parallel_mesh, destroy_distributed, init_distributed
 from training.train import build_model
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 @pytest.fixture(scope="module")
 def dist_info():
@@ -34,14 +36,6 @@ def dist_info():
     yield info
     if not was_initialized:
         destroy_distributed()
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # see test_model.py
-    yield
-    torch.set_num_threads(before)
 
 
 def torchao_model(dist_info, **fp8_fields):

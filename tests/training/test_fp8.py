@@ -24,15 +24,9 @@ from training.fp8 import (
 from training.model import Transformer, build_model_config
 from training.parallelize import apply_activation_checkpointing
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 HAS_TE = importlib.util.find_spec("transformer_engine") is not None
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # see test_model.py: a second thread on a shared 2-core box is ~50x slower
-    yield
-    torch.set_num_threads(before)
 
 
 def mixed_model() -> Transformer:

@@ -10,13 +10,7 @@ from torch.autograd.graph import saved_tensors_hooks
 from training.loss import cross_entropy_loss, fused_linear_cross_entropy
 from training.model import Transformer, build_model_config
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # see test_model.py
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def inputs(n: int, dim: int, vocab: int, dtype=torch.float32, seed: int = 0):

@@ -21,15 +21,7 @@ from training.model import (
     rope_cos_sin,
 )
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    # 2-core CI boxes shared by parallel jobs: a second OpenMP thread spin-waits for a busy core and makes
-    # these tiny matmuls ~50x slower
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def tiny(**overrides) -> ModelConfig:

@@ -28,6 +28,8 @@ from training.parallelize import (
     set_process_group_timeout,
 )
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -38,14 +40,6 @@ def dist_info():
     yield info
     if not was_initialized:
         destroy_distributed()
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # see test_model.py
-    yield
-    torch.set_num_threads(before)
 
 
 def build(info, parallel: ParallelConfig, fp8=None, seed: int = 0, **shape) -> Transformer:
@@ -241,6 +235,7 @@ def test_invalid_parallel_config_names_the_field(field, value, message):
 
 TWO_RANK_SCRIPT = textwrap.dedent(
     """
+    import gc
     import torch, torch.distributed as dist
     from training.model import Transformer, build_model_config
     from training.parallelize import (
@@ -258,6 +253,10 @@ TWO_RANK_SCRIPT = textwrap.dedent(
         reference.init_weights(seed=3)
         same = all(torch.equal(full[n], p) for n, p in reference.named_parameters())
         print("WORLD", info.world_size, "SAME_AS_ONE_PROCESS", same, "LOCAL_ROWS", local.shape[0])
+    # the FSDP2 model's reference cycles hold process-group objects: collect them now, not at interpreter
+    # shutdown, where gloo can abort the rank (as training.train does)
+    del model, full, local
+    gc.collect()
     dist.destroy_process_group()
     """
 )
