@@ -48,7 +48,8 @@ for path in sorted(pathlib.Path(sys.argv[1]).glob(sys.argv[2] + "*.json")):
         mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") else "-"
         ratio = f"{r['vs_torchtitan']:.3f}x" if r.get("vs_torchtitan") else ""
         tokens = f"{r['tokens_per_s']:,.0f}" if r.get("tokens_per_s") else r["status"]
-        print(f"{path.stem:<28} {r['backend']:<26} {tokens:>10} {mfu:>7} {r.get('peak_memory_gib') or '-'!s:>8} {ratio} {r.get('reason', '')[:80]}")
+        peak = f"{r['peak_memory_gib']:.1f}" if r.get("peak_memory_gib") else "-"
+        print(f"{path.stem:<28} {r['backend']:<26} {tokens:>10} {mfu:>7} {peak:>6} GiB {ratio} {r.get('reason', '')[:80]}")
 EOF
 }
 
