@@ -63,6 +63,12 @@ def judge(version: str | None, today: dt.date, minimum_major: int) -> tuple[int,
             f"{INSTALL_HINT}. Supported: {supported}."
         )
     end = CDK_SUPPORT_ENDS.get(major)
+    if end is None and not major % 2 and major < min(CDK_SUPPORT_ENDS):
+        # an LTS release older than the table (18): its CDK support ended before the oldest entry's
+        return 0, (
+            f"warning: Node.js {found} is no longer supported by AWS CDK (supported: {supported}). make goes on "
+            f"(the pinned CLI still runs on Node >= {minimum_major}), but {INSTALL_HINT}."
+        )
     if end is None:
         why = "an odd-numbered, non-LTS release" if major % 2 else "not yet in AWS CDK's support table"
         return 0, (

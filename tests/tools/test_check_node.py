@@ -45,6 +45,12 @@ def test_odd_and_unknown_releases_warn():
     assert "not yet in AWS CDK's support table" in judge("v26.0.0", TODAY, 18)[1]
 
 
+def test_an_lts_release_older_than_the_table_is_no_longer_supported_not_too_new():
+    code, message = judge("v18.20.4", TODAY, 18)
+    assert code == 0 and message.startswith("warning: Node.js v18.20.4 is no longer supported by AWS CDK")
+    assert "not yet" not in message
+
+
 def test_script_prints_one_line_and_exits_with_the_verdict():
     result = subprocess.run(
         [sys.executable, "tools/check_node.py", "--version", "v16.0.0", "--today", "2026-11-23"],
