@@ -1,6 +1,8 @@
 """The job keeper: brings the cluster's active job back after a lost node, without a person.
 
-One `reconcile` looks at the active job (clusterctl/job_table.py) and moves it at most one step on:
+One `reconcile` reads the active job (clusterctl/job_table.py) and the cluster afresh and moves the job on
+as far as the world allows (a fault found while running ends the attempt, and the same round stops the
+survivors and starts the next attempt when enough nodes are ready):
 
 - starting/running: ask the attempt's nodes for the job's state through the jobs document (the same
   `status` clusterctl runs) and copy their answers into the record. A fault is a node of the attempt that
