@@ -5,7 +5,7 @@ mkdir -p ${OUT:-/tmp/resume-check}
 # needs torchao importable (pip install torchao==0.18.0)
 # VARIANTS: which backends (default all three); EXTRA: more --set options for both runs of each, e.g.
 # EXTRA="--set parallel.loss_chunk_tokens=2048 --set checkpoint.staging=inline"; TAG: a suffix for the file names
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
 for v in ${VARIANTS:-none torchao:tensorwise torchao:rowwise}; do
   b=${v%%:*}; r=${v#*:}; d=/tmp/ck-$b-$r${TAG:-}
   S="--config training/configs/125m.toml --set data.source=synthetic --set run.steps=16 --set run.seq_len=2048 --set run.micro_batch_size=8 --set run.log_interval_steps=1 --set parallel.compile=true --set parallel.param_dtype=bfloat16 --set fp8.backend=$b --set checkpoint.dir=$d --set checkpoint.interval_steps=8 --set optim.warmup_steps=2 ${EXTRA:-}"

@@ -15,14 +15,16 @@
 set -u
 OUT=${OUT:-/tmp/h100-issue13}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
 
-install() {
+install() {  # into /tmp/site, as the 2026-11-23 GPU runs did: the machine's own packages stay untouched
   python3 -c "import torchao, torchtitan" 2>/dev/null && return
   if [ -d .whl ]; then
-    python3 -m pip install -q --no-deps .whl/ao18/*.whl .whl/tt022/*.whl 2>&1 | tail -2
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/ao18/*.whl .whl/tt022/*.whl \
+      > /dev/null 2>&1 || echo "wheel install failed"
   else
-    python3 -m pip install -q torchao==0.18.0 torchtitan==0.2.2 2>&1 | tail -2
+    python3 -m pip install -q --no-compile --target /tmp/site torchao==0.18.0 torchtitan==0.2.2 > /dev/null 2>&1 \
+      || echo "install from PyPI failed"
   fi
 }
 
