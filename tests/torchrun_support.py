@@ -118,14 +118,3 @@ def load_checkpoint(path: Path, tmp: Path) -> dict:
     out = tmp / f"{path.parent.name}-{path.name}.pt"
     dcp_to_torch_save(path, out)
     return torch.load(out, weights_only=False)
-
-
-def flatten(tree, prefix=""):
-    if isinstance(tree, dict):
-        for key, value in tree.items():
-            yield from flatten(value, f"{prefix}{key}.")
-    elif isinstance(tree, list | tuple):
-        for i, value in enumerate(tree):
-            yield from flatten(value, f"{prefix}{i}.")
-    else:
-        yield prefix.rstrip("."), tree

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import boto3
 import pytest
+from botocore.stub import Stubber
 from fake_aws import isolate_from_real_aws
 from moto import mock_aws
 
@@ -81,6 +82,17 @@ class Cli:
 @pytest.fixture()
 def cli():
     return Cli()
+
+
+@pytest.fixture()
+def ssm_stub(cli):
+    """The CLI's SSM client replaced by a Stubber-wrapped one: every call must be expected, and every expected
+    call made."""
+    client = boto3.client("ssm", region_name=REGION)
+    cli.context.clients["ssm"] = client
+    with Stubber(client) as stubber:
+        yield stubber
+        stubber.assert_no_pending_responses()
 
 
 @dataclass

@@ -10,6 +10,7 @@ import threading
 import boto3
 import pytest
 from botocore.stub import Stubber
+from fake_aws import capacity_block_offering
 
 from clusterctl.aws import EXIT_ACCESS, EXIT_OK, EXIT_USAGE
 
@@ -38,20 +39,6 @@ def regions(cli):
         stubber.deactivate()
 
 
-def offering(offering_id, fee, az, start_day=3):
-    start = datetime.datetime(2026, 12, start_day, 11, 30, tzinfo=UTC)
-    return {
-        "CapacityBlockOfferingId": offering_id,
-        "InstanceType": "p5.48xlarge",
-        "AvailabilityZone": az,
-        "InstanceCount": 4,
-        "StartDate": start,
-        "EndDate": start + datetime.timedelta(hours=168),
-        "CapacityBlockDurationHours": 168,
-        "UpfrontFee": fee,
-        "CurrencyCode": "USD",
-        "Tenancy": "default",
-    }
 
 
 def all_at_once(stubbers, operation, parties):
@@ -64,11 +51,11 @@ def all_at_once(stubbers, operation, parties):
 def stub_four_regions(regions):
     east, west, spain, mumbai = (regions("ec2", r) for r in ("us-east-1", "us-west-2", "eu-south-2", "ap-south-1"))
     east.add_response("describe_capacity_block_offerings", {"CapacityBlockOfferings": [
-        offering("cb-0aaaaaaaaaaaaaaa1", "26880.00", "us-east-1a"),
-        offering("cb-0bbbbbbbbbbbbbbb2", "24192.00", "us-east-1d", start_day=5),
+        capacity_block_offering("cb-0aaaaaaaaaaaaaaa1", "26880.00", az="us-east-1a"),
+        capacity_block_offering("cb-0bbbbbbbbbbbbbbb2", "24192.00", az="us-east-1d", start_day=5),
     ]}, OFFERING_PARAMS)
     west.add_response("describe_capacity_block_offerings", {"CapacityBlockOfferings": [
-        offering("cb-0ccccccccccccccc3", "21504.00", "us-west-2b"),
+        capacity_block_offering("cb-0ccccccccccccccc3", "21504.00", az="us-west-2b"),
     ]}, OFFERING_PARAMS)
     # eu-south-2 (Spain) is an opt-in region: not enabled for this account, EC2 answers AuthFailure (HTTP 401)
     spain.add_client_error("describe_capacity_block_offerings", "AuthFailure", OPT_IN_MESSAGE, 401,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import boto3
 import pytest
-from botocore.stub import ANY, Stubber
+from botocore.stub import ANY
 
 from cluster_constructs.instance_types import get_instance_type
 from clusterctl.aws import EXIT_FAILED, EXIT_OK, EXIT_STACK, EXIT_USAGE, ClusterctlError
@@ -61,15 +61,6 @@ def expect(stub, fakes, action, job_id, answers, parameters=None):
     for instance_id, payload in answers.items():
         stub.add_response("get_command_invocation", answer(instance_id, payload),
                           {"CommandId": COMMAND_ID, "InstanceId": instance_id})
-
-
-@pytest.fixture()
-def ssm_stub(cli):
-    client = boto3.client("ssm", region_name="us-east-1")
-    cli.context.clients["ssm"] = client
-    with Stubber(client) as stubber:
-        yield stubber
-        stubber.assert_no_pending_responses()
 
 
 def put_job(fakes, state="running", job_id=JOB, attempts=None, **changes):

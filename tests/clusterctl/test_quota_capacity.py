@@ -7,6 +7,7 @@ import datetime
 import boto3
 import pytest
 from botocore.stub import Stubber
+from fake_aws import capacity_block_offering
 
 from clusterctl.aws import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
@@ -93,20 +94,6 @@ def ec2_stub(cli):
         stubber.assert_no_pending_responses()
 
 
-def offering(offering_id, fee, start_day, az="us-east-1a"):
-    start = datetime.datetime(2026, 12, start_day, 11, 30, tzinfo=UTC)
-    return {
-        "CapacityBlockOfferingId": offering_id,
-        "InstanceType": "p5.48xlarge",
-        "AvailabilityZone": az,
-        "InstanceCount": 4,
-        "StartDate": start,
-        "EndDate": start + datetime.timedelta(hours=168),
-        "CapacityBlockDurationHours": 168,
-        "UpfrontFee": fee,
-        "CurrencyCode": "USD",
-        "Tenancy": "default",
-    }
 
 
 def test_offerings_are_listed_cheapest_first_with_price(cli, ec2_stub):
@@ -114,8 +101,8 @@ def test_offerings_are_listed_cheapest_first_with_price(cli, ec2_stub):
         "describe_capacity_block_offerings",
         {
             "CapacityBlockOfferings": [
-                offering("cb-0aaaaaaaaaaaaaaa1", "26880.00", 3),
-                offering("cb-0bbbbbbbbbbbbbbb2", "21504.00", 5, "us-east-1b"),
+                capacity_block_offering("cb-0aaaaaaaaaaaaaaa1", "26880.00", start_day=3),
+                capacity_block_offering("cb-0bbbbbbbbbbbbbbb2", "21504.00", start_day=5, az="us-east-1b"),
             ]
         },
         {

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import boto3
 import pytest
-from botocore.stub import ANY, Stubber
+from botocore.stub import ANY
 
 from clusterctl.aws import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from clusterctl.jobs import NodeJobState, nodes_on_tcp
@@ -117,15 +117,6 @@ def invocation(instance_id, status, stdout, code):
         "StandardOutputContent": stdout,
         "StandardErrorContent": "",
     }
-
-
-@pytest.fixture()
-def ssm_stub(cli):
-    client = boto3.client("ssm", region_name="us-east-1")
-    cli.context.clients["ssm"] = client
-    with Stubber(client) as stubber:
-        yield stubber
-        stubber.assert_no_pending_responses()
 
 
 def expect_job_lookup(stub, fakes, instance_ids):
@@ -301,25 +292,7 @@ def expect_status(stub, fakes, answers):
     """The job's start command, the status command, and each node's answer (stdout, exit code)."""
     instance_ids = sorted(answers)
     expect_job_lookup(stub, fakes, instance_ids)
-    stub.add_response(
-        "send_command",
-        {"Command": {"CommandId": COMMAND_ID}},
-        {
-            "DocumentName": fakes.DOCUMENT,
-            "DocumentVersion": "$DEFAULT",
-            "InstanceIds": instance_ids,
-            "Parameters": {"action": ["status"], "jobId": [JOB]},
-            "Comment": f"clusterctl status {JOB}",
-            "TimeoutSeconds": 120,
-        },
-    )
-    for instance_id in instance_ids:
-        stdout, code = answers[instance_id]
-        stub.add_response(
-            "get_command_invocation",
-            invocation(instance_id, "Success", stdout, code),
-            {"CommandId": COMMAND_ID, "InstanceId": instance_id},
-        )
+    expect_command(stub, fakes, "status", instance_ids, answers, timeout=120)
 
 
 def test_status_warns_and_exits_1_when_a_node_of_a_running_job_uses_tcp(

@@ -8,6 +8,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from training.parallelize import destroy_distributed, init_distributed
+
 
 @pytest.fixture()
 def one_torch_thread():
@@ -32,3 +34,13 @@ def one_rank_process_group():
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def dist_info():
+    """init_distributed()'s view of the process (a 1-rank gloo group of its own unless one exists)."""
+    was_initialized = dist.is_initialized()
+    info = init_distributed()
+    yield info
+    if not was_initialized:
+        destroy_distributed()

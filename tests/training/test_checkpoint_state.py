@@ -9,7 +9,6 @@ import os
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
@@ -23,19 +22,10 @@ from training.checkpoint import MARKER_FILE, CheckpointConfig, Checkpointer, Che
 from training.checkpoint_state import TE_UNSAFE_PICKLE_ENV, UnsupportedCheckpointTensor, build_state
 from training.checkpoint_verify import CheckpointVerificationError, VerifyingSavePlanner, describe, verify
 from training.fp8 import Fp8Config, build_fp8_backend
-from training.parallelize import ParallelConfig, build_data_parallel_mesh, destroy_distributed, init_distributed
+from training.parallelize import ParallelConfig, build_data_parallel_mesh
 from training.train import build_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def dist_info():
-    was_initialized = dist.is_initialized()
-    info = init_distributed()
-    yield info
-    if not was_initialized:
-        destroy_distributed()
 
 
 def torchao_model(dist_info, **fp8_fields):

@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from torchrun_support import Run, complete_steps, flatten, load_checkpoint, torchrun, torchrun_and_signal
+from torchrun_support import Run, complete_steps, load_checkpoint, torchrun, torchrun_and_signal
+
+from training.checkpoint_state import iter_leaves
 
 pytestmark = pytest.mark.slow
 
@@ -104,8 +106,8 @@ def test_every_model_and_optimizer_tensor_is_bit_exact(chain, tmp_path):
     # the final blocking saves, and an asynchronous periodic save both chains wrote after the resumes
     steps = [STEPS] + ([9] if chain.sigterm_step < 9 else [])
     for step in steps:
-        a = dict(flatten(load_checkpoint(chain.straight_root / f"step-{step}", tmp_path)))
-        b = dict(flatten(load_checkpoint(chain.root / f"step-{step}", tmp_path)))
+        a = dict(iter_leaves(load_checkpoint(chain.straight_root / f"step-{step}", tmp_path)))
+        b = dict(iter_leaves(load_checkpoint(chain.root / f"step-{step}", tmp_path)))
         assert a.keys() == b.keys()
         assert any(k.startswith("model.") for k in a) and any(k.startswith("optim.state.") for k in a)
         for key, value in a.items():

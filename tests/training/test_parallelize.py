@@ -23,7 +23,6 @@ from training.parallelize import (
     ParallelConfig,
     apply_parallelism,
     build_data_parallel_mesh,
-    destroy_distributed,
     init_distributed,
     set_process_group_timeout,
 )
@@ -31,15 +30,6 @@ from training.parallelize import (
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def dist_info():
-    was_initialized = dist.is_initialized()
-    info = init_distributed()
-    yield info
-    if not was_initialized:
-        destroy_distributed()
 
 
 def build(info, parallel: ParallelConfig, fp8=None, seed: int = 0, **shape) -> Transformer:

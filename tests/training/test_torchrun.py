@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from torchrun_support import Run, complete_steps, flatten, load_checkpoint, torchrun, torchrun_and_signal
+from torchrun_support import Run, complete_steps, load_checkpoint, torchrun, torchrun_and_signal
+
+from training.checkpoint_state import iter_leaves
 
 pytestmark = pytest.mark.slow
 
@@ -122,8 +124,8 @@ def test_resume_is_bit_exact(straight, split, tmp_path):
     # losses: exactly equal floats, step by step
     assert {**first.losses, **second.losses} == run.losses
     # final model and optimizer state, tensor by tensor
-    a = dict(flatten(load_checkpoint(straight_root / "step-20", tmp_path)))
-    b = dict(flatten(load_checkpoint(split_root / "step-20", tmp_path)))
+    a = dict(iter_leaves(load_checkpoint(straight_root / "step-20", tmp_path)))
+    b = dict(iter_leaves(load_checkpoint(split_root / "step-20", tmp_path)))
     assert a.keys() == b.keys()
     assert any(k.startswith("model.") for k in a) and any(k.startswith("optim.state.") for k in a)
     for key, value in a.items():
@@ -158,10 +160,10 @@ def test_a_2_rank_checkpoint_loads_bit_exactly_into_1_rank(straight_runs, tmp_pa
         Checkpointer(CheckpointConfig(), rank=0, world_size=1, config_snapshot={}).load(
             root / "step-20", model, optimizer)
         loaded = {k: v.full_tensor() if isinstance(v, DTensor) else v
-                  for k, v in flatten(build_state(model, optimizer)) if isinstance(v, torch.Tensor)}
+                  for k, v in iter_leaves(build_state(model, optimizer)) if isinstance(v, torch.Tensor)}
     finally:
         destroy_distributed()
-    saved = {k: v for k, v in flatten(load_checkpoint(root / "step-20", tmp_path)) if isinstance(v, torch.Tensor)}
+    saved = {k: v for k, v in iter_leaves(load_checkpoint(root / "step-20", tmp_path)) if isinstance(v, torch.Tensor)}
     assert loaded.keys() == saved.keys() and any(k.startswith("optim.state.") for k in saved)
     for key, value in saved.items():
         assert torch.equal(loaded[key], value), key
