@@ -10,7 +10,8 @@ import sys
 import aws_cdk as cdk
 from cdk_nag import AwsSolutionsChecks
 
-from stacks.settings import SettingsError, load_settings
+from cluster_spec.context import load_settings
+from cluster_spec.values import SettingsError
 from stacks.training_cluster_stack import STACK_NAME, TrainingClusterStack
 
 

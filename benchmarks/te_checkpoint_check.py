@@ -193,7 +193,7 @@ def _checkpoint_diff(a: Path, b: Path) -> list[str]:
     import torch
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    from training.checkpoint_state import iter_leaves
+    from training.checkpoint.state import iter_leaves
 
     with tempfile.TemporaryDirectory() as tmp:
         flat = []

@@ -2,9 +2,9 @@
 
 - The node bundle (NODE_BUNDLE): node_bootstrap, the training package and the instance catalog, one S3 asset.
   User-data downloads it and unpacks it at /opt/cluster/bundle (docs/architecture.md section 1).
-- The job keeper's code (KEEPER_CODE): clusterctl, node_bootstrap, training and the instance catalog, the
-  Lambda function's asset (cluster_constructs/job_keeper.py). The keeper shares clusterctl's job code rather
-  than a copy of it; boto3 comes from the Lambda runtime.
+- The job keeper's code (KEEPER_CODE): the job_keeper package and exactly the packages it imports (the job
+  model in cluster_jobs, which clusterctl shares, and what that imports), the Lambda function's asset
+  (cluster_constructs/job_keeper.py). boto3 comes from the Lambda runtime; clusterctl is not shipped.
 
 An asset's hash names its object and is baked into the template (the launch template, the function's code), so
 each asset must be a pure function of the committed code: the same checkout gives the same hash whatever tools
@@ -25,9 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-# The catalog alone, without the CDK constructs: training reads the GPU peak for MFU from it, clusterctl the
-# instance facts and prices.
-CATALOG = "cluster_constructs/instance_types.py"
 # Staged files are written with these modes, whatever the umask: the zip keeps them, and Lambda runs the code as
 # a user other than the file's owner (a 0600 module would fail to import). The hash reads contents, not modes.
 _FILE_MODE = 0o644
@@ -39,21 +36,22 @@ _GIT_TIMEOUT_S = 30
 
 @dataclass(frozen=True)
 class Bundle:
-    """One staged code asset: the packages it holds (plus the catalog) and the docstring of the
-    `cluster_constructs/__init__.py` it gets instead of the CDK constructs' own."""
+    """One staged code asset: the top-level packages it holds, whole."""
 
     packages: tuple[str, ...]
-    catalog_package_doc: str
 
     @property
     def sources(self) -> list[str]:
-        return [*self.packages, CATALOG]
+        return list(self.packages)
 
 
-NODE_BUNDLE = Bundle(("node_bootstrap", "training"), "Only the instance catalog is shipped to the nodes.")
-KEEPER_CODE = Bundle(
-    ("clusterctl", "node_bootstrap", "training"), "Only the instance catalog is shipped to the job keeper."
-)
+# training reads the GPU's peak for MFU from the instance catalog; node_bootstrap's expected counts come
+# rendered in the node config instead.
+NODE_BUNDLE = Bundle(("instance_catalog", "node_bootstrap", "training"))
+# The packages job_keeper.handler imports, directly or not (tests/test_architecture.py checks the list against
+# the imports): the job model and its AWS plumbing, the jobs document's contract (node_bootstrap.jobs) and the
+# trainer's config loader, with which a restart validates the job's config like a submit does.
+KEEPER_CODE = Bundle(("cluster_aws", "cluster_jobs", "instance_catalog", "job_keeper", "node_bootstrap", "training"))
 BUNDLED_PACKAGES = NODE_BUNDLE.packages
 
 
@@ -84,9 +82,6 @@ def stage_bundle(destination: Path, *, repo_root: Path = REPO_ROOT, bundle: Bund
         _make_dirs(destination, target.parent)
         shutil.copyfile(repo_root / relative, target)  # contents only: modes and times are not the code
         target.chmod(_FILE_MODE)
-    package_init = destination / "cluster_constructs" / "__init__.py"
-    package_init.write_text(f'"""{bundle.catalog_package_doc}"""\n')
-    package_init.chmod(_FILE_MODE)
     return destination
 
 

@@ -17,7 +17,7 @@ from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
-from stacks.settings import CapacityMode, CapacitySettings
+from cluster_spec.settings import CapacityMode, CapacitySettings
 
 
 class CapacityTarget(Construct):

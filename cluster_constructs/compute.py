@@ -30,8 +30,8 @@ from aws_cdk import (
 from constructs import Construct
 
 from cluster_constructs.capacity import CapacityTarget
-from cluster_constructs.instance_types import InstanceType
-from stacks.settings import ComputeSettings
+from cluster_spec.settings import ComputeSettings
+from instance_catalog.instance_types import InstanceType
 
 BOOTSTRAP_TAG_KEYS = ["cluster:bootstrap", "cluster:bootstrap-reason"]
 # The node health monitor's verdict on its own instance (node_bootstrap/monitor/actions.py writes these keys).

@@ -4,7 +4,7 @@ Per node (GPU utilization, memory, temperature, power, SM clock, EFA throughput,
 for the running job (tokens/s, MFU, loss, step time spread, straggler ratio), for FSx for Lustre (throughput,
 free space) and the cluster's estimated cost. Nodes and jobs come and go, so those graphs are SEARCH
 expressions over one exact dimension schema each, pinned to this cluster's Auto Scaling group or stack name
-(cluster_constructs/cluster_metrics.py names every metric and who produces it). Labels use the dimension
+(cluster_spec/metrics.py names every metric and who produces it). Labels use the dimension
 values (`${PROP('Dim.InstanceId')}`, CloudWatch dynamic labels).
 """
 
@@ -16,8 +16,8 @@ from aws_cdk import Duration
 from aws_cdk import aws_cloudwatch as cloudwatch
 from constructs import Construct
 
-from cluster_constructs import cluster_metrics as cm
-from cluster_constructs.instance_types import InstanceType
+from cluster_spec import metrics as cm
+from instance_catalog.instance_types import InstanceType
 
 NODE_LABEL = "${PROP('Dim.InstanceId')}"
 JOB_LABEL = "${PROP('Dim.JobId')}"

@@ -1,7 +1,7 @@
 """JobKeeper: the job table, the job keeper Lambda function, and the EventBridge rules that run it.
 
 The table holds one record per job and the lock that lets a cluster run one job at a time
-(clusterctl/job_table.py). The keeper (clusterctl/keeper.py, entry point clusterctl.keeper_lambda.handler)
+(cluster_jobs/table.py). The keeper (job_keeper/keeper.py, entry point job_keeper.handler.handler)
 reconciles the running job with the cluster: when the job lost a node it stops what is left of it, waits for
 the group to be back at full ready strength and starts the next attempt through the stack's jobs document.
 It is level-triggered: it reads the group, the nodes and the table on every run and acts on the difference, so
@@ -26,11 +26,11 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
-from stacks.settings import CapacityMode
+from cluster_spec.settings import CapacityMode
 
-HANDLER = "clusterctl.keeper_lambda.handler"
-# Python 3.13: clusterctl's code needs >= 3.11; Lambda supports 3.13 until 2029 (Lambda runtimes, "Supported
-# runtimes"). The runtime is part of the code's contract, so it moves by a reviewed change.
+HANDLER = "job_keeper.handler.handler"
+# Python 3.13: the keeper's code (job_keeper, cluster_jobs) needs >= 3.11; Lambda supports 3.13 until 2029
+# (Lambda runtimes, "Supported runtimes"). The runtime is part of the code's contract, so it moves by a reviewed change.
 RUNTIME = lambda_.Runtime.PYTHON_3_13
 TIMEOUT = Duration.minutes(10)  # a reconcile that stops a job and starts the next attempt waits on SSM commands
 MEMORY_MIB = 512

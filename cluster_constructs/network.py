@@ -7,7 +7,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from stacks.settings import NetworkSettings
+from cluster_spec.settings import NetworkSettings
 
 # Lustre (LNet) uses TCP 988 and 1018-1023 between clients and file servers, in both directions
 # (FSx for Lustre User Guide, "File system access control with Amazon VPC").

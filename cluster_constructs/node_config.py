@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from cluster_constructs.cloudwatch_agent import EFA_METRICS_DIR, render_agent_config
-from cluster_constructs.cluster_metrics import TRAINING_NAMESPACE
-from stacks.settings import (
+from cluster_spec.metrics import TRAINING_NAMESPACE
+from cluster_spec.settings import (
     BootstrapSettings,
     ComputeSettings,
     HealthSettings,

@@ -3,8 +3,8 @@
 A missing node and a full file system silently idle a paid cluster: both alarm. So does protected mode: nodes
 that keep failing their bootstrap stop being replaced, and someone must look. So do idle GPUs while nodes are
 in service (the most expensive failure there is), stragglers, EFA errors that keep rising, and an estimated
-cost above the budget; each of those is a setting that can be turned off (stacks/settings.py,
-ObservabilitySettings). The metrics they read are named in cluster_constructs/cluster_metrics.py; what each
+cost above the budget; each of those is a setting that can be turned off (cluster_spec/settings.py,
+ObservabilitySettings). The metrics they read are named in cluster_spec/metrics.py; what each
 alarm means and what to do about it is in docs/troubleshooting.md.
 """
 
@@ -38,8 +38,8 @@ from aws_cdk import (
 )
 from constructs import Construct
 
-from cluster_constructs import cluster_metrics as cm
-from stacks.settings import ObservabilitySettings
+from cluster_spec import metrics as cm
+from cluster_spec.settings import ObservabilitySettings
 
 LOW_FREE_STORAGE_FRACTION = 0.1
 ALARM_PERIOD = Duration.minutes(5)
@@ -375,7 +375,7 @@ class ClusterObservability(Construct):
         catalog's hourly On-Demand price / 60, over the last 7 days: the longest window an alarm can evaluate.
         For a cluster younger than 7 days that is its cost since creation; after that, the cost of the last
         7 days (`clusterctl top` shows the cost since creation). An estimate: a Capacity Block is paid upfront
-        at its own price, and prices differ by region (cluster_constructs/instance_types.py)."""
+        at its own price, and prices differ by region (instance_catalog/instance_types.py)."""
         node_minutes = self._metric(cm.AUTOSCALING_NAMESPACE, cm.GROUP_IN_SERVICE, {cm.GROUP: group}, "Sum",
                                     period=BUDGET_WINDOW)
         cost = cloudwatch.MathExpression(

@@ -20,7 +20,7 @@ from aws_cdk import aws_fsx as fsx
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from stacks.settings import StorageSettings
+from cluster_spec.settings import StorageSettings
 
 DATA_PATH = "/data"
 CHECKPOINT_PATH = "/checkpoints"

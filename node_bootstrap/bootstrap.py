@@ -32,6 +32,7 @@ from node_bootstrap import protection
 from node_bootstrap.cloudwatch import plan_logging
 from node_bootstrap.config import NodeConfig
 from node_bootstrap.deadline import DeadlineExceeded, Watchdog
+from node_bootstrap.errors import StepError
 from node_bootstrap.health import HealthGateFailed, plan_health
 from node_bootstrap.host import Host
 from node_bootstrap.imds import Imds, ImdsError, InstanceIdentity
@@ -39,7 +40,7 @@ from node_bootstrap.job_user import plan_job_user
 from node_bootstrap.lustre import plan_lustre
 from node_bootstrap.monitor.rounds import run_round
 from node_bootstrap.monitor.service import plan_monitor, require_healthy
-from node_bootstrap.plan import StepError, StepPlan, execute_plan
+from node_bootstrap.plan import StepPlan, execute_plan
 from node_bootstrap.readiness import build_reason, plan_ready, signal_failure
 from node_bootstrap.runner import CommandError, Runner
 from node_bootstrap.scratch import plan_scratch

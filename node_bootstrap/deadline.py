@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Callable
 
-from node_bootstrap.plan import StepError
+from node_bootstrap.errors import StepError
 
 LOG = logging.getLogger("node_bootstrap")
 

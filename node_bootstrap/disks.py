@@ -16,9 +16,9 @@ import os
 import re
 from dataclasses import dataclass
 
+from node_bootstrap.errors import StepError
 from node_bootstrap.host import Host
 from node_bootstrap.mounts import Mount
-from node_bootstrap.plan import StepError
 from node_bootstrap.runner import Runner
 
 LOG = logging.getLogger("node_bootstrap")

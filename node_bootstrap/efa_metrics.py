@@ -43,7 +43,7 @@ INFINIBAND = "/sys/class/infiniband"
 KEEP_FILES = 3  # hourly files kept: the agent reads the newest; older ones are only for a lagging agent
 UNIT = "cluster-efa-metrics.service"
 
-# sysfs counter -> (metric name, CloudWatch unit). Names match cluster_constructs/cluster_metrics.py.
+# sysfs counter -> (metric name, CloudWatch unit). Names match cluster_spec/metrics.py.
 BYTE_COUNTERS = {
     "tx_bytes": "EfaTxBytes",
     "rx_bytes": "EfaRxBytes",

@@ -18,6 +18,7 @@ from node_bootstrap import gpu_runtime
 from node_bootstrap.checks import FAIL, OK, WARN, Check
 from node_bootstrap.config import ExpectedHardware
 from node_bootstrap.efa import FI_INFO_ARGS, efa_rdm_domains
+from node_bootstrap.errors import StepError
 from node_bootstrap.gpu import (
     GPU_QUERY,
     REMAP_QUERY,
@@ -28,7 +29,7 @@ from node_bootstrap.gpu import (
 )
 from node_bootstrap.kernel_log import probe_command as kernel_log_command
 from node_bootstrap.kernel_log import read_kernel_log
-from node_bootstrap.plan import StepError, StepPlan
+from node_bootstrap.plan import StepPlan
 from node_bootstrap.runner import Runner
 from node_bootstrap.xid import APP, IGNORE, UNUSABLE_ACTIONS, XidEvent, parse_xid_lines
 

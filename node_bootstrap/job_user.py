@@ -27,8 +27,9 @@ from node_bootstrap.accounts import (
     read_account,
 )
 from node_bootstrap.config import NodeConfig
+from node_bootstrap.errors import StepError
 from node_bootstrap.host import Host
-from node_bootstrap.plan import StepError, StepPlan
+from node_bootstrap.plan import StepPlan
 from node_bootstrap.runner import Runner
 
 DEVICE_GLOBS = (

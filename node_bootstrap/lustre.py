@@ -26,10 +26,11 @@ import uuid
 from typing import Callable
 
 from node_bootstrap.config import LustreConfig, NodeConfig
+from node_bootstrap.errors import StepError
 from node_bootstrap.host import Host
 from node_bootstrap.lustre_client import plan_client_install
 from node_bootstrap.mounts import FstabEntry, Mount, find_mount, fstab_has_entry, persist_fstab_entry
-from node_bootstrap.plan import StepError, StepPlan
+from node_bootstrap.plan import StepPlan
 from node_bootstrap.runner import Runner
 
 LOG = logging.getLogger("node_bootstrap")

@@ -19,8 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from node_bootstrap.errors import StepError
 from node_bootstrap.host import Host
-from node_bootstrap.plan import StepError, StepPlan
+from node_bootstrap.plan import StepPlan
 from node_bootstrap.runner import Runner
 
 INSTALL_ATTEMPTS = 3

@@ -10,16 +10,11 @@ from __future__ import annotations
 import logging
 import shlex
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
-if TYPE_CHECKING:  # runner.py imports deadline.py, which imports StepError from here
-    from node_bootstrap.runner import Runner
+from node_bootstrap.runner import Runner
 
 LOG = logging.getLogger("node_bootstrap")
-
-
-class StepError(RuntimeError):
-    """A step cannot bring the node to the wanted state; the message says why and what to do."""
 
 
 @dataclass(frozen=True)

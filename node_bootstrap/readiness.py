@@ -14,8 +14,9 @@ import logging
 from collections.abc import Sequence
 from typing import Callable
 
+from node_bootstrap.errors import StepError
 from node_bootstrap.imds import InstanceIdentity
-from node_bootstrap.plan import StepError, StepPlan
+from node_bootstrap.plan import StepPlan
 from node_bootstrap.runner import Runner
 
 LOG = logging.getLogger("node_bootstrap")

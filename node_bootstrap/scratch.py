@@ -28,9 +28,10 @@ from node_bootstrap.disks import (
     probe_usage,
     scan_md_arrays,
 )
+from node_bootstrap.errors import StepError
 from node_bootstrap.host import Host
 from node_bootstrap.mounts import FstabEntry, find_mount, fstab_has_entry, persist_fstab_entry, read_mounts
-from node_bootstrap.plan import StepError, StepPlan, execute_plan
+from node_bootstrap.plan import StepPlan, execute_plan
 from node_bootstrap.runner import Runner
 
 ARRAY_NAME = "cluster-scratch"  # md array name; created with --homehost=any so it keeps its name anywhere

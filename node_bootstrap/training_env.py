@@ -45,8 +45,9 @@ from __future__ import annotations
 import re
 
 from node_bootstrap.config import NodeConfig
+from node_bootstrap.errors import StepError
 from node_bootstrap.host import Host
-from node_bootstrap.plan import StepError, StepPlan
+from node_bootstrap.plan import StepPlan
 from node_bootstrap.runner import Runner
 
 PTH_FILE_NAME = "cluster-bundle.pth"

@@ -27,9 +27,9 @@ from cluster_constructs.network import ClusterNetwork
 from cluster_constructs.node_config import BUNDLE_DIR, checkpoint_root, render_node_config
 from cluster_constructs.observability import ClusterObservability, retention_days
 from cluster_constructs.storage import ClusterStorage
+from cluster_spec.settings import CAPACITY_BLOCK_SCALE_IN_LEAD, CapacityMode, ClusterSettings
 from stacks.checkov_exceptions import apply_checkov_exceptions
 from stacks.nag_suppressions import apply_nag_suppressions
-from stacks.settings import CAPACITY_BLOCK_SCALE_IN_LEAD, CapacityMode, ClusterSettings
 
 STACK_NAME = "TrainingClusterStack"
 USER_DATA_TEMPLATE = REPO_ROOT / "node_bootstrap" / "user_data.sh"

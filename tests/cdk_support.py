@@ -23,7 +23,7 @@ def feature_flags() -> dict[str, Any]:
 
 def build_settings(**overrides: Any):
     """ClusterSettings from cdk.json's defaults plus `overrides` (strings, as `-c key=value` would give)."""
-    from stacks.settings import load_settings
+    from cluster_spec.context import load_settings
 
     context = {**default_context(), **overrides}
     return load_settings(context.get, all_keys=context, now=TEST_NOW)

@@ -3,7 +3,7 @@ job table, the alarm topic), and every "instance" is a fake node root whose jobs
 document's own script (cluster_constructs/jobs.py build_job_script) runs node_bootstrap.jobs with the direct
 launcher, which runs torchrun and the real training package on the CPU.
 
-CloudFormation holds the stack's outputs as a deployed stack has them (clusterctl/stack.py), so the drills run
+CloudFormation holds the stack's outputs as a deployed stack has them (cluster_aws/stack_outputs.py), so the drills run
 `clusterctl submit/cancel/status/jobs` in-process against this cluster: give clusterctl's SSM client to
 `attach` and its commands run here too.
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -86,14 +87,29 @@ exec {python} "$@"
 
 
 def free_port_block(size: int = 20) -> int:
-    """A base port with `size` free ports above it (best effort: bound and released)."""
+    """A base port with `size` ports above it that are free now.
+
+    Drills run in parallel (pytest-xdist): each worker draws its blocks from its own range below the kernel's
+    ephemeral ports (32768 and up on Linux), so two drills, or a drill and a socket the kernel hands out, do not
+    pick the same rendezvous port. Every port of the block is probed, not just the first.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    low = 20000 + (index % 8) * 1500
     for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + size < 65535:
+        base = random.randrange(low, low + 1500 - size)
+        if all(_port_is_free(port) for port in range(base, base + size)):
             return base
-    raise RuntimeError("no free port block")
+    raise RuntimeError(f"no block of {size} free ports in {low}-{low + 1500}")
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 class FakeHttp:
@@ -195,7 +211,7 @@ class LocalCluster:
             self.boot(instance_id)
 
     def _create_stack(self) -> None:
-        """The stack clusterctl reads: the outputs TrainingClusterStack has (stacks/, clusterctl/stack.py),
+        """The stack clusterctl reads: the outputs TrainingClusterStack has (stacks/, cluster_aws/stack_outputs.py),
         naming this cluster's group, document and table."""
         outputs = {
             "AutoScalingGroupName": GROUP,

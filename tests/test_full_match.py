@@ -64,10 +64,10 @@ def test_no_anchored_pattern_is_used_with_match():
 @pytest.mark.parametrize(
     "check",
     [
-        lambda: __import__("clusterctl.jobs", fromlist=["x"]).validate_job_id("j-20261120-231502-ab12\n"),
+        lambda: __import__("cluster_jobs.request", fromlist=["x"]).validate_job_id("j-20261120-231502-ab12\n"),
         lambda: __import__("node_bootstrap.jobs", fromlist=["x"]).validate_job_id("j-20261120-231502-ab12\n"),
     ],
-    ids=["clusterctl", "node"],
+    ids=["cluster_jobs", "node"],
 )
 def test_a_job_id_with_a_trailing_newline_is_refused(check):
     with pytest.raises(Exception, match="allowed"):
@@ -87,7 +87,7 @@ def test_node_job_spec_refuses_trailing_newlines_in_every_validated_field():
 
 
 def test_the_node_env_file_refuses_a_value_with_a_trailing_newline():
-    from node_bootstrap.plan import StepError
+    from node_bootstrap.errors import StepError
     from node_bootstrap.training_env import render_env_file
 
     assert render_env_file({"A": "x"}).endswith("\nA=x\n")

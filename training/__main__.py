@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         from training.config import load_config
 
         cfg = load_config(args.config, args.overrides)
-        from training.resume_from import resume_with_fallback
+        from training.checkpoint.resume import resume_with_fallback
         from training.train import train  # torch and the model load only after the config is valid
 
         resume = resume_with_fallback(args.resume, cfg.checkpoint.dir, args.resume_from_dir)

@@ -36,7 +36,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from training.checkpoint import CheckpointConfig, Checkpointer, SaveTimings, is_complete, step_dir
+from training.checkpoint.checkpointer import CheckpointConfig, Checkpointer, SaveTimings
+from training.checkpoint.layout import is_complete, step_dir
 from training.config_sections import STAGING_MODES
 from training.data import DataConfig, Prefetcher, build_batch_source
 from training.errors import ConfigError

@@ -29,7 +29,7 @@ DEFAULT_INIT_TIMEOUT_S = 600  # [parallel] process-group timeout until the first
 # [metrics]: one CloudWatch dimension, Name=Value; when to write EMF step records
 _DIMENSION = re.compile(r"^[^=,]+=[^=,]+$")
 EMF_MODES = ("auto", "on", "off")
-# [checkpoint]: where an asynchronous save copies the state (training/checkpoint_staging.py)
+# [checkpoint]: where an asynchronous save copies the state (training/checkpoint/staging.py)
 STAGING_MODES = ("auto", "pinned", "pageable", "inline")
 JOB_ID_ENV = "CLUSTER_JOB_ID"  # set by node_bootstrap.jobs' supervisor for every job
 

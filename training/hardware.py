@@ -1,6 +1,6 @@
 """Peak tensor throughput of the GPU a rank runs on, the denominator of MFU.
 
-The numbers come from the instance catalog (cluster_constructs/instance_types.py, shipped in the node
+The numbers come from the instance catalog (instance_catalog/instance_types.py, shipped in the node
 bundle next to training/), the project's single source of truth for per-instance facts. The instance type is
 taken from CLUSTER_INSTANCE_TYPE when the node environment sets it, else found from the CUDA device name
 ("NVIDIA H100 80GB HBM3" -> p5.48xlarge). PCIe and NVL boards of a catalog GPU (a benchmark machine outside
@@ -104,9 +104,9 @@ def find_instance_type(gpu_name: str, instance_type: str = "") -> Any | None:
     """The catalog entry for ``instance_type`` when given and known, else the first one whose GPU model
     appears in ``gpu_name``; None when neither matches or the catalog is not importable."""
     try:
-        from cluster_constructs import instance_types
+        from instance_catalog import instance_types
     except ImportError:
-        log.warning("cluster_constructs.instance_types is not importable: MFU is not reported")
+        log.warning("instance_catalog.instance_types is not importable: MFU is not reported")
         return None
     if instance_type.strip():
         try:

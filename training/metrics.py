@@ -172,7 +172,7 @@ class CloudWatchPublisher:
 
 
 # EMF: metric name, how to get it from the step record (and the extras below), unit. Names are what
-# cluster_constructs/cluster_metrics.py (the dashboard, the alarms, clusterctl top) reads.
+# cluster_spec/metrics.py (the dashboard, the alarms, clusterctl top) reads.
 _EMF_METRICS = (
     ("Step", lambda r: r["step"], "Count"),
     ("RunSteps", lambda r: r["run_steps"], "Count"),

@@ -23,7 +23,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from training.checkpoint import Checkpointer, resolve_resume
+from training.checkpoint.checkpointer import Checkpointer
+from training.checkpoint.resume import resolve_resume
 from training.config import TrainConfig
 from training.data import Batch, Prefetcher, build_batch_source
 from training.errors import ConfigError

@@ -15,8 +15,9 @@ from __future__ import annotations
 from typing import Callable
 
 from node_bootstrap.config import DEFAULT_CONFIG_PATH, NodeConfig
+from node_bootstrap.errors import StepError
 from node_bootstrap.host import Host
-from node_bootstrap.plan import StepError, StepPlan
+from node_bootstrap.plan import StepPlan
 from node_bootstrap.runner import Runner
 
 UNIT_DIR = "/etc/systemd/system"

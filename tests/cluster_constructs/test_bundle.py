@@ -33,8 +33,8 @@ JUNK = {
     "training/.mypy_cache/3.11/x.json": "{}",
     "training/configs/.tiny-cpu.toml.swp": "editor",
     "node_bootstrap/jobs/stray.pyc": "bytecode",
-    "clusterctl/__pycache__/jobs.cpython-311.pyc": "bytecode",
-    "clusterctl/.ruff_cache/CACHEDIR.TAG": "Signature: 8a477f597d28d172789f06886806bc55",
+    "cluster_jobs/__pycache__/table.cpython-311.pyc": "bytecode",
+    "job_keeper/.ruff_cache/CACHEDIR.TAG": "Signature: 8a477f597d28d172789f06886806bc55",
 }
 BUNDLES = {"node": NODE_BUNDLE, "keeper": KEEPER_CODE}
 
@@ -86,12 +86,12 @@ def test_caches_and_untracked_files_do_not_change_the_bundle_hash(git_checkout, 
     before = _fingerprint(git_checkout, tmp_path, "before", bundle)
     _add_junk(git_checkout)
     (git_checkout / "training" / "scratch_notes.py").write_text("print('not committed')\n")
-    (git_checkout / "clusterctl" / "scratch_notes.py").write_text("print('not committed')\n")
+    (git_checkout / "cluster_jobs" / "scratch_notes.py").write_text("print('not committed')\n")
     after = _fingerprint(git_checkout, tmp_path, "after", bundle)
     assert after == before
     staged = {p.relative_to(tmp_path / "after").as_posix() for p in (tmp_path / "after").rglob("*") if p.is_file()}
     assert not {p for p in staged if "cache" in p or p.endswith((".pyc", ".swp")) or "scratch_notes" in p}
-    assert "training/configs/tiny-cpu.toml" in staged and "cluster_constructs/instance_types.py" in staged
+    assert "training/configs/tiny-cpu.toml" in staged and "instance_catalog/instance_types.py" in staged
 
 
 def test_a_code_change_does_change_the_bundle_hash(git_checkout, tmp_path):
@@ -123,12 +123,21 @@ def test_without_git_caches_are_still_left_out(tmp_path, name):
     assert _fingerprint(repo, tmp_path, "after", BUNDLES[name]) == before
 
 
-def test_a_clusterctl_change_changes_the_keeper_code_and_not_the_node_bundle(git_checkout, tmp_path):
+def test_a_job_model_change_changes_the_keeper_code_and_not_the_node_bundle(git_checkout, tmp_path):
     node, keeper = (_fingerprint(git_checkout, tmp_path, f"before-{n}", BUNDLES[n]) for n in ("node", "keeper"))
-    with (git_checkout / "clusterctl" / "job_table.py").open("a") as f:
+    with (git_checkout / "cluster_jobs" / "table.py").open("a") as f:
         f.write("# a change the keeper must get\n")
     assert _fingerprint(git_checkout, tmp_path, "after-keeper", KEEPER_CODE) != keeper
     assert _fingerprint(git_checkout, tmp_path, "after-node", NODE_BUNDLE) == node
+
+
+def test_a_clusterctl_change_changes_neither_asset(git_checkout, tmp_path):
+    before = {n: _fingerprint(git_checkout, tmp_path, f"before-{n}", BUNDLES[n]) for n in BUNDLES}
+    (git_checkout / "clusterctl").mkdir()
+    (git_checkout / "clusterctl" / "cli.py").write_text("# the CLI is neither on the nodes nor in the keeper\n")
+    _git(git_checkout, "add", "-A")
+    _git(git_checkout, "commit", "-q", "-m", "clusterctl")
+    assert {n: _fingerprint(git_checkout, tmp_path, f"after-{n}", BUNDLES[n]) for n in BUNDLES} == before
 
 
 def _staged_files(root: Path) -> list[str]:
@@ -142,20 +151,17 @@ def _tracked(*sources: str) -> list[str]:
 
 
 @pytest.mark.skipif(GIT is None or not (REPO_ROOT / ".git").exists(), reason="needs the git checkout")
-def test_the_keeper_code_holds_exactly_clusterctl_node_bootstrap_training_and_the_catalog(tmp_path):
+def test_the_keeper_code_holds_exactly_the_keeper_and_the_packages_it_imports(tmp_path):
     staged = stage_keeper_code(tmp_path / "keeper")
     files = _staged_files(staged)
-    # the committed files of the three packages (minus the node package's lint config), the catalog, and the
-    # catalog's package marker written for the asset: nothing else of cluster_constructs, no tests, no docs
-    expected = sorted({*_tracked("clusterctl", "node_bootstrap", "training"),
-                       "cluster_constructs/instance_types.py", "cluster_constructs/__init__.py"}
-                      - {"node_bootstrap/ruff.toml"})
-    assert files == expected
-    assert {f.split("/")[0] for f in files} == {"clusterctl", "node_bootstrap", "training", "cluster_constructs"}
-    assert "clusterctl/job_table.py" in files and "node_bootstrap/jobs/spec.py" in files
+    # the committed files of those packages (minus the node package's lint config): no clusterctl, no CDK
+    # constructs, no tests, no docs (tests/test_architecture.py checks the list against the imports)
+    packages = ("cluster_aws", "cluster_jobs", "instance_catalog", "job_keeper", "node_bootstrap", "training")
+    assert files == sorted(set(_tracked(*packages)) - {"node_bootstrap/ruff.toml"})
+    assert {f.split("/")[0] for f in files} == set(packages)
+    assert "job_keeper/handler.py" in files and "cluster_jobs/table.py" in files
+    assert "node_bootstrap/jobs/spec.py" in files and "training/configs/1b.toml" in files
     assert not [f for f in files if "__pycache__" in f or f.endswith((".pyc", ".pyo")) or "/." in f]
-    assert (staged / "cluster_constructs" / "__init__.py").read_text() == (
-        '"""Only the instance catalog is shipped to the job keeper."""\n')
     # staging again gives the same asset hash: a pure function of the committed code
     assert FileSystem.fingerprint(str(staged)) == FileSystem.fingerprint(
         str(stage_keeper_code(tmp_path / "again")))
@@ -180,5 +186,5 @@ def test_shipped_files_are_sources_only():
     assert not is_shipped("node_bootstrap/ruff.toml")
     files = bundled_files()
     assert "node_bootstrap/__main__.py" in files and "training/__main__.py" in files
-    assert [f for f in files if f.startswith("cluster_constructs/")] == ["cluster_constructs/instance_types.py"]
-    assert not [f for f in files if f.startswith("clusterctl/")]  # the operator CLI stays off the nodes
+    assert {f.split("/")[0] for f in files} == {"instance_catalog", "node_bootstrap", "training"}
+    assert "instance_catalog/instance_types.py" in files  # training's MFU reads the GPU peak from it

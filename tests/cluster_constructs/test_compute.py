@@ -9,7 +9,7 @@ from cdk_support import bare_stack, build_settings, resources_of
 
 from cluster_constructs.capacity import CapacityTarget
 from cluster_constructs.compute import SSM_AGENT_ACTIONS, NodeGroup, efa_network_interfaces, root_device_name
-from cluster_constructs.instance_types import INSTANCE_TYPES
+from instance_catalog.instance_types import INSTANCE_TYPES
 
 EXPECTED_EFA = {
     "p5.48xlarge": 32,

@@ -1,6 +1,6 @@
 """JobKeeper in a bare Stack: the job table, the keeper function, its rules and its role's exact permissions.
 
-The handler module (clusterctl/keeper_lambda.py) is not imported here: the template names it, the code asset is
+The handler module (job_keeper/handler.py) is not imported here: the template names it, the code asset is
 staged by cluster_constructs/bundle.py (tests/cluster_constructs/test_bundle.py checks what the asset holds).
 """
 
@@ -16,7 +16,7 @@ from aws_cdk.assertions import Template
 
 from cluster_constructs.bundle import stage_keeper_code
 from cluster_constructs.job_keeper import JobKeeper
-from stacks.settings import CapacityMode
+from cluster_spec.settings import CapacityMode
 
 GROUP = "TrainingClusterStack-nodes"
 DOCUMENT = "TrainingClusterStack-JobsDocument-AbC123"
@@ -94,7 +94,7 @@ def test_the_table_has_one_string_key_on_demand_billing_encryption_and_recovery(
 
 def test_the_function_runs_the_keeper_handler_one_at_a_time(on_demand):
     function = on_demand.only("AWS::Lambda::Function")["Properties"]
-    assert (function["Runtime"], function["Handler"]) == ("python3.13", "clusterctl.keeper_lambda.handler")
+    assert (function["Runtime"], function["Handler"]) == ("python3.13", "job_keeper.handler.handler")
     assert (function["Timeout"], function["MemorySize"], function["ReservedConcurrentExecutions"]) == (
         600, 512, 1)
     assert function["Role"] == {"Fn::GetAtt": [on_demand.logical_id(on_demand.keeper.role), "Arn"]}

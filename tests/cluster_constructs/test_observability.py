@@ -7,7 +7,7 @@ from aws_cdk.assertions import Match, Template
 from cdk_support import bare_stack, build_settings, resources_of
 
 from cluster_constructs.observability import ClusterObservability, retention_days
-from stacks.settings import LOG_RETENTION_DAYS
+from cluster_spec.settings import LOG_RETENTION_DAYS
 
 
 @pytest.fixture(scope="module")

@@ -12,11 +12,13 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 from fake_aws import isolate_from_real_aws
+from job_record_fakes import NOW
 from moto import mock_aws
 
-from clusterctl.aws import AwsContext
-from clusterctl.cli import Runtime, main
-from clusterctl.job_table import JobTable
+from cluster_aws.session import AwsContext
+from cluster_jobs.table import JobTable
+from clusterctl.cli import main
+from clusterctl.runtime import Runtime
 
 REGION = "us-east-1"
 STACK = "TrainingClusterStack"
@@ -82,6 +84,13 @@ class Cli:
 @pytest.fixture()
 def cli():
     return Cli()
+
+
+@pytest.fixture()
+def at_now(cli):
+    """The CLI with its clock stopped at NOW (job_record_fakes: the time of JOB's id)."""
+    cli.now = NOW
+    return cli
 
 
 @pytest.fixture()

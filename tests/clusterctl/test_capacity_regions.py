@@ -12,7 +12,7 @@ import pytest
 from botocore.stub import Stubber
 from fake_aws import capacity_block_offering
 
-from clusterctl.aws import EXIT_ACCESS, EXIT_OK, EXIT_USAGE
+from cluster_aws.errors import EXIT_ACCESS, EXIT_OK, EXIT_USAGE
 
 UTC = datetime.UTC
 NOW = datetime.datetime(2026, 11, 21, 9, 0, tzinfo=UTC)

@@ -1,4 +1,4 @@
-"""clusterctl.job_table against moto's DynamoDB: the record, the one-job lock and the conditional writes."""
+"""cluster_jobs.table against moto's DynamoDB: the record, the one-job lock and the conditional writes."""
 
 import dataclasses
 import datetime
@@ -6,15 +6,7 @@ import datetime
 import boto3
 import pytest
 
-from clusterctl.job_table import (
-    LOCK_KEY,
-    Attempt,
-    JobAlreadyActive,
-    JobRecord,
-    JobTable,
-    NodeReport,
-    StaleRecord,
-)
+from cluster_jobs.table import LOCK_KEY, Attempt, JobAlreadyActive, JobRecord, JobTable, NodeReport, StaleRecord
 
 NOW = datetime.datetime(2026, 11, 20, 23, 15, 2, tzinfo=datetime.UTC)
 LATER = NOW + datetime.timedelta(minutes=5)

@@ -12,16 +12,9 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from clusterctl import logs as job_logs
-from clusterctl.aws import (
-    EXIT_ACCESS,
-    EXIT_CREDENTIALS,
-    EXIT_ENDPOINT,
-    EXIT_OK,
-    EXIT_STACK,
-    EXIT_USAGE,
-    AwsContext,
-)
+from cluster_aws.errors import EXIT_ACCESS, EXIT_CREDENTIALS, EXIT_ENDPOINT, EXIT_OK, EXIT_STACK, EXIT_USAGE
+from cluster_aws.session import AwsContext
+from clusterctl.jobs import logs as job_logs
 
 JOB = "j-20261120-231502-ab12"
 # CloudWatch Logs rejects events older than 14 days: an hour ago, to the second (ms).
@@ -118,7 +111,7 @@ def test_follow_prints_new_lines_once_until_interrupted(job_log):
 def test_cost_of_a_plan_from_the_catalog(cli):
     result = cli("cost", "--instance-type", "p5.48xlarge", "--nodes", "4", "--hours", "168")
     assert result.code == EXIT_OK
-    # 4 x $55.04 x 168 h (cluster_constructs/instance_types.py)
+    # 4 x $55.04 x 168 h (instance_catalog/instance_types.py)
     assert result.lines[0] == "plan: 4 x p5.48xlarge for 168.00 h = $36,986.88 ($220.16/h, 5,376 GPU-hours)"
     assert "$55.04 per instance-hour" in result.lines[1]
 
@@ -331,12 +324,12 @@ def test_an_html_answer_to_a_query_protocol_call_is_one_line(cli, monkeypatch, h
 
 
 def test_any_error_message_is_printed_as_one_line(cli, monkeypatch):
-    from clusterctl import commands
+    from clusterctl import nodes as nodes_command
 
     def boom(args, runtime):
         raise RuntimeError("first line\nsecond line\n\tthird")
 
-    monkeypatch.setattr(commands, "nodes", boom)
+    monkeypatch.setattr(nodes_command, "nodes", boom)
     result = cli("nodes")
     assert result.err == (
         "clusterctl: error: unexpected RuntimeError: first line second line third (rerun with --debug for "

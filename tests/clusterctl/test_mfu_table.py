@@ -3,7 +3,7 @@ docs/benchmarks.md: every entry must be readable and must appear in the document
 
 from pathlib import Path
 
-from clusterctl.mfu import MEASURED_MFU_PATH, load_measurements
+from clusterctl.plan.mfu import MEASURED_MFU_PATH, load_measurements
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
 

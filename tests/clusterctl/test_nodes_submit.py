@@ -9,7 +9,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from clusterctl.aws import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from cluster_aws.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from node_bootstrap import jobs as node_jobs
 
 REGION = "us-east-1"
@@ -187,9 +187,9 @@ def test_submit_refuses_another_checkpoint_dir_and_resumes_another_job_only_on_r
 
 
 def test_clusterctl_validates_training_configs_without_torch():
-    # clusterctl's requirements have no torch: the trainer's config loader must not need it.
+    # clusterctl's requirements and the keeper's Lambda have no torch: the trainer's config loader must not need it.
     code = (
-        "import sys; import clusterctl.cli, clusterctl.jobs, training.config; "
+        "import sys; import clusterctl.cli, cluster_jobs.document, job_keeper.handler, training.config; "
         "training.config.load_config('training/configs/llama3-8b.toml', ['optim.lr=1e-4']); "
         "assert 'torch' not in sys.modules and 'numpy' not in sys.modules, sorted(sys.modules)"
     )

@@ -9,15 +9,15 @@ import textwrap
 
 import pytest
 
-import clusterctl.mfu
-from cluster_constructs.instance_types import get_instance_type
-from clusterctl.aws import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from clusterctl.plan import parse_tokens, plan_option, training_hours
-from clusterctl.workload import load_workload
+import clusterctl.plan.mfu
+from cluster_aws.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from clusterctl.plan.options import parse_tokens, plan_option, training_hours
+from clusterctl.plan.workload import load_workload
+from instance_catalog.instance_types import get_instance_type
 from training import shapes
 
 P4D, P5 = get_instance_type("p4d.24xlarge"), get_instance_type("p5.48xlarge")
-REAL_MFU_TABLE = clusterctl.mfu.MEASURED_MFU_PATH
+REAL_MFU_TABLE = clusterctl.plan.mfu.MEASURED_MFU_PATH
 # The 1b preset: 1,498,482,688 parameters, 1,235,814,400 of them outside the token embedding
 # (Llama-3.2-1B's 1,235,814,400 with an untied 128256 x 2048 output head, minus the 128256 x 2048 embedding).
 ONE_B_NON_EMBEDDING = 1_235_814_400
@@ -31,7 +31,7 @@ def no_measurements(monkeypatch, tmp_path):
     """The default MFU unless a test writes a table (the real benchmarks/mfu.json may gain rows)."""
     table = tmp_path / "mfu.json"
     table.write_text('{"measurements": []}')
-    monkeypatch.setattr(clusterctl.mfu, "MEASURED_MFU_PATH", table)
+    monkeypatch.setattr(clusterctl.plan.mfu, "MEASURED_MFU_PATH", table)
     return table
 
 
@@ -119,7 +119,7 @@ def test_measured_mfu_wins_over_the_default_and_is_converted_for_activation_chec
                     date="2026-12-01"),
         measurement(preset="1b", gpu="H100", fp8_backend="te", fp8_recipe="current", mfu=0.61),  # not the recipe
     ]}))
-    measured = clusterctl.mfu.load_measurements()
+    measured = clusterctl.plan.mfu.load_measurements()
     p5 = plan_option(load_workload("1b"), P5, 50e9, measurements=measured)
     assert p5.mfu.source == "measured" and p5.mfu_effective == 0.52  # same seq_len beats the newer one
     assert "measured 2026-11-21" in p5.mfu.detail
@@ -129,15 +129,15 @@ def test_measured_mfu_wins_over_the_default_and_is_converted_for_activation_chec
     # with more nodes the A100 plan could drop AC, and the same figure is worth 4/3 without recomputation
     assert p4d.mfu.at(False) == pytest.approx(0.60)
     # a custom model (no preset) never takes a preset's measurement
-    query = clusterctl.mfu.MfuQuery(preset="", gpu="H100", fp8_backend="te", fp8_recipe="delayed", seq_len=4096,
+    query = clusterctl.plan.mfu.MfuQuery(preset="", gpu="H100", fp8_backend="te", fp8_recipe="delayed", seq_len=4096,
                                     compile=False, micro_batch_size=4)
-    assert clusterctl.mfu.choose_mfu(override=None, query=query, measurements=measured).source == "default"
+    assert clusterctl.plan.mfu.choose_mfu(override=None, query=query, measurements=measured).source == "default"
 
 
 def test_the_measured_h100_table_is_used_for_a_matching_1b_run(cli, monkeypatch, tmp_path):
     # the real benchmarks/mfu.json (docs/benchmarks.md, 2026-11-23): 1b, bf16, compile on, micro-batch 4 on an
     # H100 ran at 47.3% MFU; a config that runs exactly that is planned with it
-    monkeypatch.setattr(clusterctl.mfu, "MEASURED_MFU_PATH", REAL_MFU_TABLE)
+    monkeypatch.setattr(clusterctl.plan.mfu, "MEASURED_MFU_PATH", REAL_MFU_TABLE)
     config = tmp_path / "1b-bf16.toml"
     config.write_text("[run]\nseq_len = 4096\nmicro_batch_size = 4\n[model]\npreset = '1b'\n"
                       "[parallel]\ncompile = true\n[fp8]\nbackend = 'none'\n")

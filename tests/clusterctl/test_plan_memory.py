@@ -1,4 +1,4 @@
-"""The per-GPU memory model (clusterctl/memory.py) against published figures and arithmetic written out here.
+"""The per-GPU memory model (clusterctl/plan/memory.py) against published figures and arithmetic written out here.
 
 Sources:
 - ZeRO: Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models",
@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster_constructs.instance_types import get_instance_type
-from clusterctl.memory import (
+from clusterctl.plan.memory import (
     GIB,
     SHARDED_BYTES_PER_PARAM,
     ModelSizes,
@@ -28,8 +27,9 @@ from clusterctl.memory import (
     explain,
     usable_bytes,
 )
-from clusterctl.plan import smallest_fit
-from clusterctl.workload import load_workload
+from clusterctl.plan.options import smallest_fit
+from clusterctl.plan.workload import load_workload
+from instance_catalog.instance_types import get_instance_type
 from training.shapes import ModelConfig, build_model_config
 
 LLAMA3_70B = build_model_config("llama3-70b")

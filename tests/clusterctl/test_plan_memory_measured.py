@@ -1,4 +1,4 @@
-"""The memory model (clusterctl/memory.py) against what torch itself measures for this project's model.
+"""The memory model (clusterctl/plan/memory.py) against what torch itself measures for this project's model.
 
 torch.distributed._tools' MemTracker and FSDPMemTracker follow every tensor's storage through a real step
 (forward and backward through the trainer's own training.train._forward_backward with its default loss on
@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from clusterctl.memory import RunShape, block_activation_bytes_per_token, estimate_memory
+from clusterctl.plan.memory import RunShape, block_activation_bytes_per_token, estimate_memory
 
 pytest.importorskip("torch.distributed._tools.fsdp2_mem_tracker")
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker  # noqa: E402

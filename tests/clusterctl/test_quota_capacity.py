@@ -9,7 +9,7 @@ import pytest
 from botocore.stub import Stubber
 from fake_aws import capacity_block_offering
 
-from clusterctl.aws import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from cluster_aws.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 UTC = datetime.UTC
 QUOTA_PARAMS = {"ServiceCode": "ec2", "QuotaCode": "L-417A185B"}

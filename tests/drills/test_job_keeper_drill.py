@@ -1,4 +1,4 @@
-"""Failure drills for the job keeper (clusterctl/keeper.py through its Lambda handler), on this machine.
+"""Failure drills for the job keeper (job_keeper/keeper.py through its Lambda handler), on this machine.
 
 moto stands in for CloudFormation (the stack's outputs), Auto Scaling, EC2, SSM, DynamoDB and SNS; two "nodes"
 run the jobs document's script, the real node launcher (direct) and, in the main drill, the real training
@@ -25,11 +25,12 @@ from local_cluster import CHECKPOINT_ROOT, DOCUMENT, GROUP, REGION, STACK, TABLE
 from moto import mock_aws
 from torchrun_support import SMALL, torchrun
 
+from cluster_aws.errors import EXIT_FAILED, EXIT_OK
+from cluster_aws.session import AwsContext
+from cluster_jobs.table import JobRecord, JobTable
 from clusterctl import cli
-from clusterctl.aws import EXIT_FAILED, EXIT_OK, AwsContext
-from clusterctl.job_table import JobRecord, JobTable
-from clusterctl.keeper import Clients, Keeper, KeeperSettings
-from clusterctl.keeper_lambda import handler
+from job_keeper.handler import handler
+from job_keeper.keeper import Clients, Keeper, KeeperSettings
 
 pytestmark = pytest.mark.slow
 DRILL_TIMEOUT_S = 300.0

@@ -1,481 +1,35 @@
-"""A fake P5 node for node_bootstrap's tests: a fake root on disk and a command runner that answers like the
-real tools (from the recorded formats in fixtures/) and changes the fake machine the way the real commands
-would (mdadm --create makes an array, mkfs writes a signature, mount adds a /proc/mounts line).
-
-The code under test is the real node_bootstrap: only the external binaries are replaced.
-"""
+"""A fake P5 node for node_bootstrap's tests, and the fixtures that hand it out: build_fake_node puts the
+machine (node_fake_machine.FakeNode: a fake root on disk) together and wires its tool handlers to the command
+runner (node_fakes.FakeRunner), so the code under test is the real node_bootstrap with only the external
+binaries replaced. Also the fixtures of the jobs tests (node_jobs_support) and of the health monitor's end to
+end tests (node_monitor_support: moto's AWS)."""
 
 from __future__ import annotations
 
 import json
 import os
-import shlex
+import signal
 import sys
-import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from node_fake_machine import FakeNode
+from node_fakes import (
+    FIXTURES,
+    INSTANCE_ID,
+    KERNEL,
+    REGION,
+    SITE_PACKAGES,
+    FakeImds,
+    FakeRunner,
+    fixture_text,
+    node_config_dict,
+)
+from node_jobs_support import Node, pid_alive
 
-from cluster_constructs.cloudwatch_agent import EFA_METRICS_DIR, render_agent_config
+from node_bootstrap import jobs
+from node_bootstrap.cli import main
 from node_bootstrap.config import parse_node_config
-from node_bootstrap.host import Host
-from node_bootstrap.imds import InstanceIdentity
-from node_bootstrap.runner import CommandResult, Runner
-
-FIXTURES = Path(__file__).parent / "fixtures"
-INSTANCE_ID = "i-0a1b2c3d4e5f60718"
-REGION = "us-east-1"
-KERNEL = "6.1.128-136.201.amzn2023.x86_64"
-SITE_PACKAGES = "/opt/pytorch/lib/python3.12/site-packages"  # what the DLAMI interpreter prints (a node path)
-
-
-def fixture_text(name: str) -> str:
-    return (FIXTURES / name).read_text()
-
-
-def node_config_dict(**overrides) -> dict:
-    """The node config the stack renders for p5.48xlarge (docs/architecture.md section 2)."""
-    log_group = "/training-cluster/TrainingClusterStack"
-    config = {
-        "schemaVersion": 4,
-        "stackName": "TrainingClusterStack",
-        "region": REGION,
-        "instanceType": "p5.48xlarge",
-        "expected": {"gpuCount": 8, "gpuMemoryGiB": 80, "efaInterfaceCount": 32, "nvmeDeviceCount": 8,
-                     "nvswitch": True},
-        "scratch": {"mountPoint": "/scratch", "dlamiMountPoint": "/opt/dlami/nvme"},
-        "lustre": {"dnsName": "fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com", "mountName": "abcdefgh",
-                   "mountPoint": "/fsx", "efaEnabled": False},
-        "logging": {"logGroupName": log_group},
-        "metrics": {"intervalSeconds": 60, "namespace": "TrainingCluster", "efaMetricsDir": EFA_METRICS_DIR},
-        "cloudwatchAgent": render_agent_config(log_group_name=log_group, interval_seconds=60,
-                                               disk_mount_points=("/", "/scratch", "/opt/dlami/nvme", "/fsx")),
-        "training": {"bundleDir": "/opt/cluster/bundle", "envFile": "/etc/cluster/training.env",
-                     "python": "/opt/pytorch/bin/python", "jobsDir": "/var/lib/cluster/jobs",
-                     "jobLogDir": "/var/log/cluster/jobs", "checkpointRoot": "/fsx/checkpoints",
-                     "dataRoot": "/fsx/data", "rendezvousPort": 29400, "jobHangTimeoutSeconds": 1800,
-                     "jobStartTimeoutSeconds": 3600},
-        "bootstrap": {"deadlineSeconds": 1200, "autoScalingGroupName": "TrainingClusterStack-nodes",
-                      "protectedModeFailures": 3, "protectedModeWindowSeconds": 3600},
-        "monitor": {"intervalSeconds": 60},
-    }
-    for dotted, value in overrides.items():
-        section, _, key = dotted.partition(".")
-        if key:
-            config[section][key] = value
-        else:
-            config[section] = value
-    return config
-
-
-class FakeRunner(Runner):
-    """The real Runner (recording, dry-run) with `_execute` answered by per-tool handlers."""
-
-    def __init__(self, *, dry_run: bool = False, print_fn=print) -> None:
-        super().__init__(dry_run=dry_run, print_fn=print_fn)
-        self.handlers = {}  # tool basename -> handler(argv list) -> (rc, stdout[, stderr])
-        self.on_path = set()  # tools `which` finds
-
-    def on(self, tool: str, handler, *, on_path: bool = True) -> None:
-        self.handlers[tool] = handler
-        if on_path:
-            self.on_path.add(tool)
-
-    def which(self, name, extra_dirs=()):
-        return "/usr/bin/" + name if name in self.on_path else None
-
-    def _execute(self, argv, timeout, input_text):
-        tool = os.path.basename(argv[0])
-        handler = self.handlers.get(tool)
-        if handler is None:
-            return CommandResult(argv, 127, "", f"{tool}: command not found")
-        answer = handler(list(argv))
-        rc, out = answer[0], answer[1]
-        err = answer[2] if len(answer) > 2 else ""
-        return CommandResult(argv, rc, out, err)
-
-    def commands(self, *, mutating=None):
-        """The recorded calls as shell lines, optionally only the (non-)mutating ones."""
-        return [shlex.join(c.argv) for c in self.calls if mutating is None or c.mutating == mutating]
-
-
-@dataclass
-class FakeGroup:
-    """The node's Auto Scaling group as `aws autoscaling` and `aws cloudwatch` see it (shared between nodes)."""
-
-    name: str = "TrainingClusterStack-nodes"
-    tags: dict = field(default_factory=dict)  # key -> value
-    suspended: list = field(default_factory=list)
-    metrics: list = field(default_factory=list)  # (metric name, value)
-    fail_calls: set = field(default_factory=set)  # "autoscaling suspend-processes", ... answer AccessDenied
-
-    def handle(self, service, op, argv):
-        if f"{service} {op}" in self.fail_calls:
-            return 254, "", f"An error occurred (AccessDenied) when calling the {op} operation"
-        if (service, op) == ("autoscaling", "create-or-update-tags"):
-            for tag in json.loads(argv[argv.index("--tags") + 1]):
-                assert tag["ResourceId"] == self.name and tag["PropagateAtLaunch"] is False
-                assert len(tag["Value"]) <= 256
-                self.tags[tag["Key"]] = tag["Value"]
-            return 0, ""
-        if (service, op) == ("autoscaling", "delete-tags"):
-            for tag in json.loads(argv[argv.index("--tags") + 1]):
-                self.tags.pop(tag["Key"], None)
-            return 0, ""
-        if (service, op) == ("autoscaling", "describe-tags"):
-            assert argv[argv.index("--filters") + 1] == f"Name=auto-scaling-group,Values={self.name}"
-            tags = [{"ResourceId": self.name, "ResourceType": "auto-scaling-group", "Key": k, "Value": v,
-                     "PropagateAtLaunch": False} for k, v in sorted(self.tags.items())]
-            return 0, json.dumps({"Tags": tags})
-        if (service, op) == ("autoscaling", "suspend-processes"):
-            assert argv[argv.index("--auto-scaling-group-name") + 1] == self.name
-            self.suspended.append(argv[argv.index("--scaling-processes") + 1])
-            return 0, ""
-        if (service, op) == ("cloudwatch", "put-metric-data"):
-            assert argv[argv.index("--dimensions") + 1] == f"AutoScalingGroupName={self.name}"
-            self.metrics.append((argv[argv.index("--metric-name") + 1], int(argv[argv.index("--value") + 1])))
-            return 0, ""
-        return None
-
-
-@dataclass
-class MdArray:
-    name: str
-    kernel_name: str
-    members: list
-
-
-@dataclass
-class FakeNode:
-    """A p5.48xlarge as node_bootstrap sees it, under `root`."""
-
-    root: Path
-    runner: FakeRunner
-    signatures: dict = field(default_factory=dict)  # host device path -> blkid export fields
-    arrays: dict = field(default_factory=dict)  # array host path -> MdArray
-    tags: dict = field(default_factory=dict)
-    health_status: str = "Healthy"
-    lustre_module: bool = True
-    lustre_mount_failures: int = 0  # the next N lustre mounts fail
-    lustre_installable: bool = True
-    agent_running: bool = False
-    agent_config_loads: int = 0
-    gpu_csv: str = "nvidia-smi-query-gpu.p5.csv"
-    remap_csv: str = "nvidia-smi-query-remapped-rows.p5.csv"
-    fi_info_txt: str = "fi_info-efa-rdm.p5.txt"
-    kernel_log: str = "journal-kernel-clean.txt"
-    throttle_csv: str = "nvidia-smi-query-throttle.p5.csv"
-    nvlink_txt: str = "nvidia-smi-nvlink-status.p5.txt"
-    enabled_units: set = field(default_factory=set)  # systemctl enable
-    group: FakeGroup = field(default_factory=FakeGroup)
-    dlami_unit: dict | None = None  # systemctl show properties of dlami-nvme.service; None: not a DLAMI
-    dlami_mounts_on_start: bool = True  # `systemctl start dlami-nvme.service` finishes the AMI's mount
-    daemon_reloads: int = 0
-    units: dict = field(default_factory=lambda: {"nvidia-fabricmanager": "active"})  # is-active answers
-    cuda_probe: dict = field(default_factory=lambda: {  # what node_bootstrap.cuda_probe prints on a good P5
-        "ok": True, "error": None, "count": 8,
-        "devices": [{"index": i, "ok": True, "error": None} for i in range(8)]})
-    # `stat` answers: node path -> (permission bits, uid, gid); what is not listed is 0755 root:root, and
-    # every GPU and EFA device node 0666 root:root (the NVIDIA driver's default) unless listed
-    stats: dict = field(default_factory=dict)
-
-    # ----- building the machine -----
-    def path(self, node_path: str) -> str:
-        return str(self.root / node_path.lstrip("/"))
-
-    def write(self, node_path: str, text: str) -> None:
-        p = Path(self.path(node_path))
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text)
-
-    def add_mount(self, source: str, node_mount_point: str, fstype: str, options: str = "rw") -> None:
-        with open(self.path("/proc/mounts"), "a") as f:
-            f.write(f"{source} {self.path(node_mount_point)} {fstype} {options} 0 0\n")
-
-    def add_nvme(self, name: str, model: str, by_id: str) -> None:
-        self.write(f"/sys/block/{name}/device/model", model.ljust(40) + "\n")  # sysfs pads the model
-        Path(self.path(f"/sys/block/{name}/holders")).mkdir(parents=True, exist_ok=True)
-        Path(self.path("/dev")).mkdir(parents=True, exist_ok=True)
-        Path(self.path(f"/dev/{name}")).touch()
-        link = Path(self.path(f"/dev/disk/by-id/{by_id}"))
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(f"../../{name}")
-
-    def instance_store_paths(self):
-        return [self.path(f"/dev/nvme{i}n1") for i in range(1, 9)]
-
-    def host(self, *, dry_run: bool = False, print_fn=print) -> Host:
-        return Host(str(self.root), dry_run=dry_run, print_fn=print_fn)
-
-    def identity(self) -> InstanceIdentity:
-        return InstanceIdentity(INSTANCE_ID, REGION)
-
-    def fstab(self) -> str:
-        p = Path(self.path("/etc/fstab"))
-        return p.read_text() if p.exists() else ""
-
-    def mounts_text(self) -> str:
-        return Path(self.path("/proc/mounts")).read_text()
-
-    # ----- tool handlers -----
-    def blkid(self, argv):
-        device = argv[-1]
-        fields = self.signatures.get(os.path.realpath(device)) or self.signatures.get(device)
-        if not fields:
-            return 2, ""
-        return 0, "".join(f"{k}={v}\n" for k, v in {"DEVNAME": device, **fields}.items())
-
-    def mdadm(self, argv):
-        if argv[1:] == ["--detail", "--scan"]:
-            uuid_ = "5d2c1f8e:9a3b4c7d:e1f20a3b:4c5d6e7f"
-            lines = [f"ARRAY /dev/md/{a.name} metadata=1.2 name=any:{a.name} UUID={uuid_}"
-                     for a in self.arrays.values()]
-            return 0, "".join(line + "\n" for line in lines)
-        mode, array_path = argv[1], argv[2]
-        devices = [a for a in argv[3:] if not a.startswith("--")]
-        name = os.path.basename(array_path)
-        if mode == "--create":
-            busy = [d for d in devices if self.signatures.get(d)]
-            if busy:
-                return 1, "", f"mdadm: {busy[0]} appears to contain an existing filesystem\nmdadm: aborted"
-            for d in devices:
-                self.signatures[d] = {"UUID": "5d2c1f8e-9a3b-4c7d-e1f2-0a3b4c5d6e7f",
-                                      "LABEL": f"any:{name}", "TYPE": "linux_raid_member"}
-        elif mode == "--assemble":
-            if any(self.signatures.get(d, {}).get("LABEL") != f"any:{name}" for d in devices):
-                return 1, "", "mdadm: no RAID superblock"
-        else:
-            raise AssertionError(f"unexpected mdadm call {argv}")
-        kernel_name = "md127"
-        Path(self.path(f"/dev/{kernel_name}")).touch()
-        link = Path(self.path(f"/dev/md/{name}"))
-        link.parent.mkdir(parents=True, exist_ok=True)
-        if not link.is_symlink():
-            link.symlink_to(f"../{kernel_name}")
-        for d in devices:
-            Path(self.path(f"/sys/block/{os.path.basename(d)}/holders/{kernel_name}")).touch()
-        self.arrays[array_path] = MdArray(name, kernel_name, devices)
-        return 0, "", f"mdadm: array {array_path} started.\n"
-
-    def mkfs(self, fstype):
-        def handler(argv):
-            target = argv[-1]
-            if self.signatures.get(os.path.realpath(target)):
-                return 1, "", f"mkfs.{fstype}: {target} appears to contain an existing filesystem"
-            label = argv[argv.index("-L") + 1]
-            fields = {"LABEL": label, "UUID": str(uuid.uuid4()), "TYPE": fstype}
-            self.signatures[os.path.realpath(target)] = fields
-            return 0, f"meta-data={target} isize=512 agcount=32\n"
-        return handler
-
-    def nvme_list(self, argv):
-        """The recorded `nvme list -o json`, limited to the devices this fake node has."""
-        data = json.loads(fixture_text("nvme-list.p5.json"))
-        data["Devices"] = [d for d in data["Devices"] if os.path.exists(self.path(d["DevicePath"]))]
-        return 0, json.dumps(data, indent=2)
-
-    def systemctl(self, argv):
-        verb = argv[1]
-        if verb == "show" and argv[2] == "dlami-nvme.service":
-            unit = self.dlami_unit or {"LoadState": "not-found", "ActiveState": "inactive", "SubState": "dead",
-                                       "Result": "success", "UnitFileState": ""}
-            return 0, "".join(f"{k}={v}\n" for k, v in unit.items())
-        if verb == "start" and argv[2] == "dlami-nvme.service":
-            assert self.dlami_unit is not None
-            self.dlami_unit.update(ActiveState="active", SubState="exited")
-            if self.dlami_mounts_on_start:
-                self.add_mount("/dev/mapper/vg.01-lv_ephemeral", "/opt/dlami/nvme", "ext4",
-                               "rw,noatime,nodiratime")
-            return 0, ""
-        if verb == "daemon-reload":
-            self.daemon_reloads += 1
-            return 0, ""
-        if verb == "is-active":
-            state = self.units.get(argv[-1], "inactive")
-            return (0 if state == "active" else 3), state + "\n"
-        if verb == "is-enabled":
-            return (0, "enabled\n") if argv[-1] in self.enabled_units else (1, "disabled\n")
-        if verb in ("restart", "enable", "disable"):  # units node_bootstrap writes (monitor, EFA collector)
-            unit = argv[-1]
-            if verb != "disable" and not Path(self.path(f"/etc/systemd/system/{unit}")).exists():
-                return 5, "", f"Failed to {verb} {unit}: Unit {unit} not found.\n"
-            if verb == "enable":
-                self.enabled_units.add(unit)
-            elif verb == "disable":
-                self.enabled_units.discard(unit)
-            if "--now" in argv or verb == "restart":
-                self.units[unit] = "inactive" if verb == "disable" else "active"
-            return 0, ""
-        raise AssertionError(f"unexpected systemctl call {argv}")
-
-    def dlami_volume(self, *, mounted: bool, unit_state: str = "active") -> None:
-        """The DLAMI's dlami-nvme.service at work: every instance-store device an LVM physical volume of vg.01,
-        held by the device mapper's vg.01-lv_ephemeral (dm-0), ext4 on it; mounted or (the race) not yet."""
-        Path(self.path("/sys/block/dm-0/dm")).mkdir(parents=True, exist_ok=True)
-        self.write("/sys/block/dm-0/dm/name", "vg.01-lv_ephemeral\n")
-        for i, device in enumerate(self.instance_store_paths(), start=1):
-            self.signatures[device] = {"UUID": f"pv-{i}", "VERSION": "LVM2 001", "TYPE": "LVM2_member"}
-            Path(self.path(f"/sys/block/nvme{i}n1/holders/dm-0")).touch()
-        Path(self.path("/dev/mapper")).mkdir(parents=True, exist_ok=True)
-        Path(self.path("/dev/dm-0")).touch()
-        mapper = Path(self.path("/dev/mapper/vg.01-lv_ephemeral"))
-        if not mapper.is_symlink():
-            mapper.symlink_to("../dm-0")
-        self.signatures[os.path.realpath(str(mapper))] = {"UUID": str(uuid.uuid4()), "TYPE": "ext4"}
-        self.dlami_unit = {"LoadState": "loaded", "ActiveState": unit_state,
-                           "SubState": {"active": "exited", "activating": "start"}.get(unit_state, "dead"),
-                           "Result": "success", "UnitFileState": "enabled"}
-        if mounted:
-            self.add_mount("/dev/mapper/vg.01-lv_ephemeral", "/opt/dlami/nvme", "ext4", "rw,noatime,nodiratime")
-
-    def mount(self, argv):
-        fstype = argv[argv.index("-t") + 1]
-        options = argv[argv.index("-o") + 1]
-        source, target = argv[-2], argv[-1]
-        if fstype == "lustre":
-            if self.lustre_mount_failures > 0:
-                self.lustre_mount_failures -= 1
-                return 5, "", f"mount.lustre: mount {source} at {target} failed: Input/output error"
-            source = "172.31.5.10@tcp:/" + source.rsplit(":/", 1)[1]  # the kernel shows the server's IP
-        else:
-            source = os.path.realpath(source)
-        with open(self.path("/proc/mounts"), "a") as f:
-            f.write(f"{source} {target} {fstype} rw,{options} 0 0\n")
-        return 0, ""
-
-    def nvidia_smi(self, argv):
-        if argv[1].startswith("--query-gpu=index,pci.bus_id,clocks_event_reasons."):
-            return 0, fixture_text(self.throttle_csv)
-        if argv[1].startswith("--query-gpu="):
-            return 0, fixture_text(self.gpu_csv)
-        if argv[1].startswith("--query-remapped-rows="):
-            return 0, fixture_text(self.remap_csv)
-        if argv[1:] == ["nvlink", "--status"]:
-            return 0, fixture_text(self.nvlink_txt)
-        raise AssertionError(f"unexpected nvidia-smi call {argv}")
-
-    def passwd_lines(self):
-        return Path(self.path("/etc/passwd")).read_text().splitlines()
-
-    def group_lines(self):
-        return Path(self.path("/etc/group")).read_text().splitlines()
-
-    def useradd(self, argv):
-        name = argv[-1]
-        home = argv[argv.index("--home-dir") + 1]
-        shell = argv[argv.index("--shell") + 1]
-        if any(line.split(":")[0] == name for line in self.passwd_lines()):
-            return 9, "", f"useradd: user '{name}' already exists"
-        uid = gid = 998  # useradd --system picks below SYS_UID_MAX
-        with open(self.path("/etc/passwd"), "a") as f:
-            f.write(f"{name}:x:{uid}:{gid}:training jobs (node_bootstrap):{home}:{shell}\n")
-        with open(self.path("/etc/group"), "a") as f:
-            f.write(f"{name}:x:{gid}:\n")
-        Path(self.path(home)).mkdir(parents=True)
-        self.stats[home] = (0o750, uid, gid)
-        return 0, ""
-
-    def usermod(self, argv):
-        assert argv[1:3] == ["--append", "--groups"], argv
-        wanted, user = argv[3].split(","), argv[4]
-        lines = []
-        for line in self.group_lines():
-            name, x, gid, members = line.split(":")
-            if name in wanted:
-                members = ",".join([m for m in members.split(",") if m] + [user])
-            lines.append(f"{name}:{x}:{gid}:{members}")
-        Path(self.path("/etc/group")).write_text("\n".join(lines) + "\n")
-        return 0, ""
-
-    def chown(self, argv):
-        user = argv[1].split(":")[0]
-        (entry,) = [line.split(":") for line in self.passwd_lines() if line.split(":")[0] == user]
-        for host_path in argv[2:]:
-            node_path = "/" + os.path.relpath(host_path, self.root)
-            mode = self.stat_of(node_path)[0]
-            self.stats[node_path] = (mode, int(entry[2]), int(entry[3]))
-        return 0, ""
-
-    def stat_of(self, node_path):
-        if node_path in self.stats:
-            return self.stats[node_path]
-        if node_path.startswith(("/dev/nvidia", "/dev/infiniband/")):
-            return 0o666, 0, 0
-        return 0o755, 0, 0
-
-    def stat(self, argv):
-        assert argv[1:4] == ["-L", "-c", "%a %u %g %n"], argv
-        lines = []
-        for host_path in argv[4:]:
-            if not os.path.exists(host_path):
-                return 1, "", f"stat: cannot statx '{host_path}': No such file or directory"
-            mode, uid, gid = self.stat_of("/" + os.path.relpath(host_path, self.root))
-            lines.append(f"{mode:o} {uid} {gid} {host_path}")
-        return 0, "".join(line + "\n" for line in lines)
-
-    def aws(self, argv):
-        service, op = argv[1], argv[2]
-        if (service, op) == ("ec2", "describe-tags"):
-            tags = [{"Key": k, "ResourceId": INSTANCE_ID, "ResourceType": "instance", "Value": v}
-                    for k, v in self.tags.items()]
-            return 0, json.dumps({"Tags": tags})
-        if (service, op) == ("ec2", "create-tags"):
-            raw = argv[argv.index("--tags") + 1]
-            if raw.startswith("["):
-                self.tags.update({t["Key"]: t["Value"] for t in json.loads(raw)})
-            else:
-                key, value = (p.split("=", 1)[1] for p in raw.split(","))
-                self.tags[key] = value
-            return 0, ""
-        if (service, op) == ("ec2", "delete-tags"):
-            self.tags.pop(argv[argv.index("--tags") + 1].split("=", 1)[1], None)
-            return 0, ""
-        if (service, op) == ("autoscaling", "set-instance-health"):
-            self.health_status = argv[argv.index("--health-status") + 1]
-            return 0, ""
-        answer = self.group.handle(service, op, argv)
-        if answer is not None:
-            return answer
-        raise AssertionError(f"unexpected aws call {argv}")
-
-    def python(self, argv):
-        if argv[1:3] == ["-m", "node_bootstrap.cuda_probe"]:
-            return (0 if self.cuda_probe["ok"] else 1), json.dumps(self.cuda_probe) + "\n"
-        code = argv[2]
-        if "sysconfig" in code:
-            return 0, SITE_PACKAGES + "\n"
-        if code == "import training":
-            pth = Path(self.path(SITE_PACKAGES + "/cluster-bundle.pth"))
-            bundle = pth.read_text().strip() if pth.exists() else None
-            if bundle and Path(self.path(bundle + "/training/__init__.py")).exists():
-                return 0, ""
-            return 1, "", "ModuleNotFoundError: No module named 'training'"
-        raise AssertionError(f"unexpected python call {argv}")
-
-    def dnf(self, argv):
-        package = argv[-1]
-        if package == "lustre-client":
-            self.lustre_module = self.lustre_installable
-        elif package == "amazon-cloudwatch-agent":
-            self.write("/opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-ctl", "#!/bin/sh\n")
-        else:
-            raise AssertionError(f"unexpected dnf install {package}")
-        return 0, f"Installed: {package}\nComplete!\n"
-
-    def agent_ctl(self, argv):
-        action = argv[argv.index("-a") + 1]
-        if action == "status":
-            return 0, json.dumps({"status": "running" if self.agent_running else "stopped",
-                                  "starttime": "", "configstatus": "configured", "version": "1.300052.0"})
-        if action == "fetch-config":
-            self.agent_config_loads += 1
-            self.agent_running = True
-            return 0, "Successfully fetched the config and saved it\n"
-        if action == "start":
-            self.agent_running = True
-            return 0, ""
-        raise AssertionError(f"unexpected agent action {argv}")
 
 
 def build_fake_node(root: Path, *, dry_run: bool = False, instance_store: int = 8, dlami: bool = False,
@@ -542,13 +96,6 @@ def config():
     return parse_node_config(node_config_dict())
 
 
-class FakeImds:
-    """The IMDS seam for code that needs the instance identity (the real client is tested over HTTP)."""
-
-    def identity(self) -> InstanceIdentity:
-        return InstanceIdentity(INSTANCE_ID, REGION)
-
-
 @pytest.fixture
 def make_node(tmp_path):
     """build_fake_node with options: make_node(dlami=True), make_node(instance_store=1), ..."""
@@ -559,10 +106,85 @@ def make_node(tmp_path):
 
 @pytest.fixture
 def kit():
-    """Helpers test modules cannot import (pytest's importlib mode puts no conftest on sys.path)."""
+    """The fake node's helpers as one fixture (test modules may also import them from node_fakes)."""
     from types import SimpleNamespace
     return SimpleNamespace(
         fixture_text=fixture_text, node_config_dict=node_config_dict, FakeRunner=FakeRunner,
         FakeImds=FakeImds, build_fake_node=build_fake_node,
         INSTANCE_ID=INSTANCE_ID, REGION=REGION, KERNEL=KERNEL, SITE_PACKAGES=SITE_PACKAGES, FIXTURES=FIXTURES,
     )
+
+
+# --- node_bootstrap/jobs/ run for real (node_jobs_support) -------------------------------------------------
+
+
+@pytest.fixture()
+def node_factory(tmp_path):
+    started = []
+
+    def make(mode, **kwargs):
+        node = Node(tmp_path, mode, **kwargs)
+        started.append(node)
+        return node
+
+    yield make
+    for node in started:  # never leave a stand-in job running
+        for status_path in (node.root / "var/lib/cluster/jobs").glob("*/status.json"):
+            status = json.loads(status_path.read_text())
+            if status.get("state") == "running" and pid_alive(status.get("supervisorPid")):
+                for pid in jobs.descendants(status["supervisorPid"]) + [status["supervisorPid"]]:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+
+
+# --- the health monitor end to end, aws on moto (node_monitor_support) ------------------------------------
+
+
+@pytest.fixture
+def cloud():
+    """moto's AWS with the node's group (one instance), log group; yields the instance id."""
+    import boto3
+    from moto import mock_aws
+    from node_monitor_support import GROUP, LOG_GROUP, REGION
+
+    with mock_aws():
+        ec2 = boto3.client("ec2", region_name=REGION)
+        image = "ami-12c6146b"  # any id: moto does not validate AMIs, and its default images may not be loaded
+        subnet = ec2.describe_subnets()["Subnets"][0]["SubnetId"]
+        ec2.create_launch_template(LaunchTemplateName="node-template",
+                                   LaunchTemplateData={"ImageId": image, "InstanceType": "p5.48xlarge"})
+        autoscaling = boto3.client("autoscaling", region_name=REGION)
+        autoscaling.create_auto_scaling_group(
+            AutoScalingGroupName=GROUP, LaunchTemplate={"LaunchTemplateName": "node-template"}, MinSize=1,
+            MaxSize=1, DesiredCapacity=1, VPCZoneIdentifier=subnet)
+        instance_id = autoscaling.describe_auto_scaling_groups()["AutoScalingGroups"][0]["Instances"][0]["InstanceId"]
+        boto3.client("logs", region_name=REGION).create_log_group(logGroupName=LOG_GROUP)
+        yield instance_id
+
+
+@pytest.fixture
+def monitored(fake_node, kit, cloud):
+    """The fake node with a journal that grows, aws on moto, and `round()` to run one monitor round."""
+    from node_monitor_support import AwsOnMoto, Imds, Journal
+
+    node = fake_node
+    node.journal = Journal(kit.fixture_text("journal-kernel-clean.txt"))
+    node.aws_calls = AwsOnMoto()
+    node.runner.on("journalctl", node.journal)
+    node.runner.on("aws", node.aws_calls)
+    node.runner.on("kill", lambda argv: (os.kill(int(argv[-1]), getattr(signal, "SIG" + argv[2])), (0, ""))[1])
+
+    def round_(*extra):
+        node.runner.calls.clear()
+        node.aws_calls.calls.clear()
+
+        def make_runner(dry_run):
+            node.runner.dry_run = dry_run
+            return node.runner
+        return main(["monitor", "--once", "--root", str(node.root), *extra], make_runner=make_runner,
+                    imds=Imds(cloud))
+    node.round = round_
+    node.instance_id = cloud
+    return node

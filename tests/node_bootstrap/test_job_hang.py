@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from node_jobs_support import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN_NODE_CONFIG = Path(__file__).parents[1] / "cluster_constructs" / "golden" / "node-config.json"
@@ -69,16 +70,6 @@ while True:
 """
 
 
-def wait_until(predicate, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
 def running(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -89,7 +80,7 @@ def running(pid):
 
 def write_user_database(root: Path) -> None:
     """/etc/passwd and /etc/group as the jobuser boot step leaves them, the job user being this test's user
-    (as test_jobs.py does: the supervisor then needs no privilege to switch to it)."""
+    (as node_jobs_support.py does: the supervisor then needs no privilege to switch to it)."""
     uid, gid = os.getuid(), os.getgid()
     (root / "etc").mkdir(parents=True, exist_ok=True)
     (root / "etc/passwd").write_text(

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from node_bootstrap.accounts import JOB_USER, read_account
+from node_bootstrap.errors import StepError
 from node_bootstrap.job_user import plan_job_user
-from node_bootstrap.plan import StepError, execute_plan
+from node_bootstrap.plan import execute_plan
 
 
 def run_step(node, config, *, dry_run=False, printed=None):

@@ -13,7 +13,8 @@ from node_bootstrap.disks import (
     parse_mdadm_scan,
     parse_nvme_list_json,
 )
-from node_bootstrap.plan import StepError, execute_plan
+from node_bootstrap.errors import StepError
+from node_bootstrap.plan import execute_plan
 from node_bootstrap.scratch import ARRAY_DEVICE, FS_LABEL, plan_scratch
 
 

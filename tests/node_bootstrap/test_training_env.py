@@ -6,7 +6,8 @@ import subprocess
 
 import pytest
 
-from node_bootstrap.plan import StepError, execute_plan
+from node_bootstrap.errors import StepError
+from node_bootstrap.plan import execute_plan
 from node_bootstrap.training_env import build_training_env, plan_training, render_env_file
 
 

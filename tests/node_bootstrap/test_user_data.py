@@ -80,7 +80,7 @@ def world(tmp_path, kit):
     with zipfile.ZipFile(bundle, "w") as z:
         z.writestr("node_bootstrap/__init__.py", "")
         z.writestr("training/__init__.py", "")
-        z.writestr("cluster_constructs/instance_types.py", "")
+        z.writestr("instance_catalog/instance_types.py", "")
     config = kit.node_config_dict(stackName="Stack-$HOME-`id`")  # must arrive verbatim: a quoted heredoc
     config_json = json.dumps(config, indent=2)
     script = tmp_path / "user-data.sh"
@@ -137,7 +137,7 @@ def test_success_path_downloads_unpacks_writes_config_and_runs_the_bootstrap(wor
     assert aws_calls(calls)[1].startswith(f"aws s3 cp --region us-east-1 --only-show-errors {BUNDLE_URI} ")
     assert len(aws_calls(calls)) == 2  # no failure signal
     assert (root / "opt/cluster/bundle/training/__init__.py").exists()
-    assert (root / "opt/cluster/bundle/cluster_constructs/instance_types.py").exists()
+    assert (root / "opt/cluster/bundle/instance_catalog/instance_types.py").exists()
     assert (root / "etc/cluster/node-config.json").read_text() == config_json + "\n"
     assert [c for c in calls if c.startswith("bootstrap")] == [
         f"bootstrap PYTHONPATH={root}/opt/cluster/bundle args=-m node_bootstrap run "

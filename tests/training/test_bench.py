@@ -11,15 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from training.bench import (
-    BenchResult,
-    Variant,
-    _add_torchtitan_ratios,
-    build_parser,
-    expand_variants,
-    format_table,
-    main,
-)
+from training.bench.cli import build_parser, main
+from training.bench.report import format_table
+from training.bench.variants import BenchResult, Variant, add_torchtitan_ratios, expand_variants
 from training.model import build_model_config, count_params, flops_per_token
 
 REPO = Path(__file__).resolve().parents[2]
@@ -151,7 +145,7 @@ def test_ratio_is_ours_over_torchtitans_for_the_same_backend_and_recipe():
                 Variant("torchao", "rowwise", torchtitan=True)]
     results = [BenchResult("none", "ok", tokens_per_s=51.0), BenchResult("torchao-rowwise", "ok", tokens_per_s=40.0),
                BenchResult("titan:none", "ok", tokens_per_s=50.0), BenchResult("titan:torchao-rowwise", "skipped")]
-    _add_torchtitan_ratios(variants, results)
+    add_torchtitan_ratios(variants, results)
     assert results[0].vs_torchtitan == pytest.approx(1.02)
     assert results[1].vs_torchtitan is None  # torchtitan's row did not run: no ratio, not a made-up one
     assert results[2].vs_torchtitan is None

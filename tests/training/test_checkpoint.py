@@ -13,16 +13,9 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint import FileSystemWriter
 
-from training.checkpoint import (
-    MARKER_FILE,
-    CheckpointConfig,
-    Checkpointer,
-    find_latest_complete,
-    is_complete,
-    read_train_state,
-    resolve_resume,
-    step_dir,
-)
+from training.checkpoint.checkpointer import CheckpointConfig, Checkpointer
+from training.checkpoint.layout import MARKER_FILE, find_latest_complete, is_complete, read_train_state, step_dir
+from training.checkpoint.resume import resolve_resume
 from training.errors import ConfigError
 
 pytestmark = pytest.mark.usefixtures("one_rank_process_group")

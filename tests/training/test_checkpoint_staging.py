@@ -1,4 +1,4 @@
-"""Background staging of async saves (training/checkpoint_staging.py): the loop waits for the copy before its
+"""Background staging of async saves (training/checkpoint/staging.py): the loop waits for the copy before its
 next optimizer step, the copy is still verified, the buffers are kept across saves, and a torch without
 DCP's staging API falls back to staging inside the save call. The Checkpointer tests run on a 1-rank gloo
 group; the loop test runs the real trainer in a subprocess."""
@@ -19,10 +19,11 @@ from torch import nn
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from torch.distributed.checkpoint.staging import DefaultStager
 
-import training.checkpoint as checkpoint_module
-import training.checkpoint_staging as staging_module
-from training.checkpoint import MARKER_FILE, CheckpointConfig, Checkpointer, CheckpointSaveError, is_complete
-from training.checkpoint_staging import staging_api_available, use_pinned_memory
+import training.checkpoint.checkpointer as checkpointer_module
+import training.checkpoint.staging as staging_module
+from training.checkpoint.checkpointer import CheckpointConfig, Checkpointer, CheckpointSaveError
+from training.checkpoint.layout import MARKER_FILE, is_complete
+from training.checkpoint.staging import staging_api_available, use_pinned_memory
 from training.errors import ConfigError
 
 pytestmark = pytest.mark.usefixtures("one_rank_process_group")
@@ -203,7 +204,7 @@ def test_a_staging_failure_fails_the_save_through_dcps_planning_not_the_loop(tmp
 # ---------------------------------------------------------------------------------------------------------
 # torch without the staging API, and checkpoint.staging=inline: staged inside the save call, as before
 def test_a_torch_without_the_staging_api_stages_inside_the_save(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(checkpoint_module, "staging_api_available", lambda: False)
+    monkeypatch.setattr(checkpointer_module, "staging_api_available", lambda: False)
     model, optimizer = model_and_optimizer()
     with caplog.at_level("WARNING", logger="training.checkpoint"):
         ckpt = checkpointer(tmp_path)

@@ -18,9 +18,10 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_map_only
 
-from training.checkpoint import MARKER_FILE, CheckpointConfig, Checkpointer, CheckpointSaveError
-from training.checkpoint_state import TE_UNSAFE_PICKLE_ENV, UnsupportedCheckpointTensor, build_state
-from training.checkpoint_verify import CheckpointVerificationError, VerifyingSavePlanner, describe, verify
+from training.checkpoint.checkpointer import CheckpointConfig, Checkpointer, CheckpointSaveError
+from training.checkpoint.layout import MARKER_FILE
+from training.checkpoint.state import TE_UNSAFE_PICKLE_ENV, UnsupportedCheckpointTensor, build_state
+from training.checkpoint.verify import CheckpointVerificationError, VerifyingSavePlanner, describe, verify
 from training.fp8 import Fp8Config, build_fp8_backend
 from training.parallelize import ParallelConfig, build_data_parallel_mesh
 from training.train import build_model

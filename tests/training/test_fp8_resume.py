@@ -22,7 +22,7 @@ import pytest
 import torch
 from torchrun_support import Run, complete_steps, load_checkpoint, torchrun, torchrun_and_signal
 
-from training.checkpoint_state import iter_leaves
+from training.checkpoint.state import iter_leaves
 
 pytestmark = pytest.mark.slow
 

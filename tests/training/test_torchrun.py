@@ -15,7 +15,7 @@ import pytest
 import torch
 from torchrun_support import Run, complete_steps, load_checkpoint, torchrun, torchrun_and_signal
 
-from training.checkpoint_state import iter_leaves
+from training.checkpoint.state import iter_leaves
 
 pytestmark = pytest.mark.slow
 
@@ -142,8 +142,8 @@ def test_a_2_rank_checkpoint_loads_bit_exactly_into_1_rank(straight_runs, tmp_pa
     agree to a few float32 ulps (~5e-7 in the loss)."""
     from torch.distributed.tensor import DTensor
 
-    from training.checkpoint import CheckpointConfig, Checkpointer
-    from training.checkpoint_state import build_state
+    from training.checkpoint.checkpointer import CheckpointConfig, Checkpointer
+    from training.checkpoint.state import build_state
     from training.config import load_config
     from training.fp8 import NoFp8
     from training.optim import build_optimizer

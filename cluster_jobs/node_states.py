@@ -1,0 +1,115 @@
+"""A job as its nodes see it: one NodeJobState per node (running, failed, hung, gone, ...), and the job's
+overall state, NCCL network and commcheck bandwidth derived from them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cluster_jobs.ssm_commands import Invocation
+from node_bootstrap import jobs as node_jobs
+
+GONE = "gone"  # the node that ran the job is terminated (replaced): nothing is left to ask
+
+
+@dataclass(frozen=True)
+class NodeJobState:
+    """One node's view of a job, from node_bootstrap.jobs status/cancel."""
+
+    instance_id: str
+    # running, succeeded, failed, cancelled, hung; not-found (no such job there); unknown (no answer); gone
+    # (the instance is terminated: the Auto Scaling group replaced it)
+    state: str
+    exit_code: int | None
+    last_step: int | None
+    last_loss: float | None
+    started_at: str | None
+    ended_at: str | None
+    detail: str | None  # an error, or what cancel did
+    nccl_network: str | None = None  # NCCL's network on the node: Libfabric (EFA), Socket (TCP), IB; None: not yet
+    nccl_provider: str | None = None  # aws-ofi-nccl's libfabric provider (efa) when the network is Libfabric
+    module: str | None = None  # what the job runs: training or training.commcheck; None: no answer
+    busbw_gbps: float | None = None  # commcheck: all_reduce busbw (GB/s) rank 0 logged on this node
+    busbw_size_bytes: int | None = None  # the message size of busbw_gbps (the largest, once it finished)
+    attempt: int | None = None  # the job keeper's attempt number the node runs (1 before any restart)
+    resumed_from_step: int | None = None  # the checkpoint step the trainer resumed from (0: fresh)
+
+    @classmethod
+    def from_invocation(cls, invocation: Invocation) -> NodeJobState:
+        payload = invocation.payload or {}
+        state = payload.get("state")
+        if state in node_jobs.STATES:
+            return cls(
+                invocation.instance_id,
+                str(state),
+                payload.get("exitCode"),
+                payload.get("lastStep"),
+                payload.get("lastLoss"),
+                payload.get("startedAt"),
+                payload.get("endedAt"),
+                payload.get("cancel") or payload.get("error"),
+                nccl_network=payload.get("ncclNetwork"),
+                nccl_provider=payload.get("ncclProvider"),
+                module=payload.get("module"),
+                busbw_gbps=payload.get("busbwGbps"),
+                busbw_size_bytes=payload.get("busbwSizeBytes"),
+                attempt=payload.get("attempt"),
+                resumed_from_step=payload.get("resumedFromStep"),
+            )
+        if invocation.response_code == node_jobs.EXIT_NOT_FOUND:
+            return cls(invocation.instance_id, "not-found", None, None, None, None, None, invocation.error)
+        return cls(invocation.instance_id, "unknown", None, None, None, None, None, invocation.error)
+
+    @classmethod
+    def gone(cls, instance_id: str, why: str) -> NodeJobState:
+        return cls(instance_id, GONE, None, None, None, None, None, f"gone (replaced): {why}")
+
+    @property
+    def network(self) -> str | None:
+        """For people: "Libfabric/efa", "Socket", or None before NCCL chose."""
+        if self.nccl_network and self.nccl_provider:
+            return f"{self.nccl_network}/{self.nccl_provider}"
+        return self.nccl_network
+
+    @property
+    def nccl_over_tcp(self) -> bool:
+        """NCCL fell back from EFA to TCP on this node: its Socket transport, or aws-ofi-nccl on a libfabric
+        provider other than EFA (tcp, sockets)."""
+        if self.nccl_network == "Socket":
+            return True
+        provider = self.nccl_provider or ""
+        return self.nccl_network == "Libfabric" and provider != "" and not provider.startswith("efa")
+
+
+def is_commcheck(states: Sequence[NodeJobState]) -> bool:
+    return any(s.module == node_jobs.COMMCHECK_MODULE for s in states)
+
+
+def reported_busbw(states: Sequence[NodeJobState]) -> NodeJobState | None:
+    """The node whose log has the commcheck's busbw: rank 0 prints it, so one node of the job."""
+    return next((s for s in states if s.busbw_gbps is not None), None)
+
+
+def overall_state(states: Sequence[NodeJobState]) -> str:
+    """The job's state: running while any node runs; hung if a node's supervisor stopped it for making no
+    progress (the other nodes then fail at their collective timeout); failed if any node failed; succeeded
+    if all did. Nodes that are gone do not count; a job whose nodes are all gone is "gone"."""
+    names = {s.state for s in states if s.state != GONE}
+    if not names and states:
+        return GONE
+    for state in ("running", "hung", "failed", "cancelled"):
+        if state in names:
+            return state
+    if names == {"succeeded"}:
+        return "succeeded"
+    return "unknown"
+
+
+def nodes_on_tcp(states: Sequence[NodeJobState]) -> list[str]:
+    """The nodes where NCCL runs over TCP instead of EFA, when that matters: in a job of more than one node
+    (on one node NCCL uses NVLink and the network is idle). A run whose logs show the Socket
+    transport instead of Libfabric is broken."""
+    job_nodes = [s for s in states if s.state not in ("not-found", GONE)]
+    if len(job_nodes) < 2:
+        return []
+    return [s.instance_id for s in job_nodes if s.nccl_over_tcp]

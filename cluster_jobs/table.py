@@ -1,0 +1,326 @@
+"""The job table: one DynamoDB item per job, and one lock item that makes a cluster run one job at a time.
+
+The stack creates the table (cluster_constructs/job_keeper.py; output JobTableName). Its only key is the
+string `pk`: a job's id for a job item, LOCK_KEY for the lock. Writers are clusterctl (submit, cancel, status)
+and the job keeper (job_keeper/keeper.py, run by a Lambda function). Every write of a job item is a whole-item
+put on the condition that `version` is still the one read (optimistic concurrency): two writers never both
+win, and the loser reads the item again and decides anew. So a `cancel` written while the keeper prepares a
+restart makes the keeper's write fail, and the keeper then sees the cancel instead of undoing it.
+
+Submit writes the job item and takes the lock in one transaction; a job that reaches a final state gives the
+lock back in the same transaction that records that state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+import botocore.exceptions
+from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+
+from cluster_aws.errors import ClusterctlError
+
+LOCK_KEY = "cluster#active-job"  # never a job id (node_bootstrap.jobs.JOB_ID_RE)
+ACTIVE_STATES = ("starting", "running", "restarting")
+FINAL_STATES = ("succeeded", "failed", "cancelled")
+STATES = ACTIVE_STATES + FINAL_STATES
+MAX_CONFIG_TEXT_BYTES = 64 * 1024  # a DynamoDB item holds 400 KB; a training TOML is a few KB
+
+_SERIALIZER = TypeSerializer()
+_DESERIALIZER = TypeDeserializer()
+
+
+def utc_now_text(now: datetime.datetime) -> str:
+    return now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: str | None) -> datetime.datetime | None:
+    if not text:
+        return None
+    return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+
+
+@dataclass
+class NodeReport:
+    """One node's last answer about the job (node_bootstrap.jobs status, through the jobs document)."""
+
+    instance_id: str
+    state: str  # running, succeeded, failed, cancelled, hung, not-found, unknown, gone
+    exit_code: int | None = None
+    last_step: int | None = None
+    started_at: str | None = None
+    ended_at: str | None = None
+    detail: str | None = None
+
+
+@dataclass
+class Attempt:
+    """One start of the job on one node set. Attempt 1 is the submit; each restart adds one."""
+
+    number: int
+    nodes: list[str]  # instance ids, ordered by private IP
+    rendezvous_host: str  # the private IP of the node hosting the c10d store (the first of `nodes`)
+    started_at: str
+    ended_at: str | None = None
+    end_reason: str | None = None  # why it ended: the fault that caused the restart, or the final outcome
+    step_reached: int | None = None  # the highest step its nodes logged
+    resumed_from_step: int | None = None  # the checkpoint step it resumed from (0: from scratch); None: unknown
+    node_reports: list[NodeReport] = field(default_factory=list)
+
+
+@dataclass
+class JobRecord:
+    job_id: str
+    module: str  # node_bootstrap.jobs.MODULES
+    config: str  # the training TOML's path as the nodes see it ("" for a commcheck)
+    config_text: str  # its content at submit time ("" when it lives on the nodes only, or for a commcheck)
+    overrides: list[str]
+    resume_from: str  # another job whose checkpoints the first attempt may start from, or ""
+    nodes: int
+    gpus_per_node: int
+    max_restarts: int  # torchrun's in-place restarts per attempt
+    max_job_restarts: int  # the keeper's restarts on a new node set (the stack's maxJobRestarts)
+    instance_type: str
+    checkpoint_dir: str  # where every attempt saves and resumes ("" for a commcheck)
+    state: str
+    created_at: str
+    updated_at: str
+    attempts: list[Attempt] = field(default_factory=list)
+    ended_at: str | None = None
+    reason: str | None = None  # why the job is in its state: a restart's cause, or the final outcome
+    cancel_requested_by: str | None = None  # "clusterctl cancel" or "capacity block end"
+    version: int = 0  # optimistic concurrency: every put is conditional on the version read
+
+    @property
+    def attempt(self) -> int:
+        return len(self.attempts)
+
+    @property
+    def current(self) -> Attempt | None:
+        return self.attempts[-1] if self.attempts else None
+
+    @property
+    def restarts(self) -> int:
+        return max(0, len(self.attempts) - 1)
+
+    @property
+    def last_step(self) -> int | None:
+        steps = [a.step_reached for a in self.attempts if a.step_reached is not None]
+        return max(steps) if steps else None
+
+    def steps_lost(self, number: int) -> int | None:
+        """Steps attempt `number` reached that the next attempt had to redo (reached - resumed from)."""
+        if number >= len(self.attempts):
+            return None
+        reached = self.attempts[number - 1].step_reached
+        resumed = self.attempts[number].resumed_from_step
+        if reached is None or resumed is None:
+            return None
+        return max(0, reached - resumed)
+
+
+class JobTableError(ClusterctlError):
+    pass
+
+
+class JobAlreadyActive(JobTableError):
+    """The lock is held: another job runs (or restarts) on this cluster."""
+
+    def __init__(self, active_job_id: str, state: str | None) -> None:
+        self.active_job_id = active_job_id
+        self.active_state = state
+        shown = f"{active_job_id} ({state})" if state else active_job_id
+        super().__init__(
+            f"not submitted: job {shown} is active on this cluster, and a cluster runs one job at a time; "
+            f"stop it with: clusterctl cancel {active_job_id} (several jobs at once: deploy several stacks)"
+        )
+
+
+class StaleRecord(JobTableError):
+    """Someone else wrote the job since it was read: read it again and decide anew."""
+
+
+# --- (de)serialization -----------------------------------------------------------------------------------
+
+
+def _to_item(record: JobRecord) -> dict[str, Any]:
+    data = dataclasses.asdict(record)
+    data["pk"] = record.job_id
+    plain = {key: value for key, value in _camel(data).items() if value is not None}
+    return {key: _SERIALIZER.serialize(value) for key, value in _drop_none(plain).items()}
+
+
+def _from_item(item: dict[str, Any]) -> JobRecord:
+    data = _numbers({key: _DESERIALIZER.deserialize(value) for key, value in item.items()})
+    data.pop("pk", None)
+    data = _snake(data)
+    attempts = []
+    for raw in data.pop("attempts", []):
+        reports = [NodeReport(**report) for report in raw.pop("node_reports", [])]
+        attempts.append(Attempt(**raw, node_reports=reports))
+    known = {f.name for f in dataclasses.fields(JobRecord)}
+    return JobRecord(**{k: v for k, v in data.items() if k in known}, attempts=attempts)
+
+
+def _camel_name(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def _snake_name(name: str) -> str:
+    return "".join("_" + c.lower() if c.isupper() else c for c in name)
+
+
+def _camel(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {_camel_name(k): _camel(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_camel(v) for v in value]
+    return value
+
+
+def _snake(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {_snake_name(k): _snake(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_snake(v) for v in value]
+    return value
+
+
+def _drop_none(value: Any) -> Any:
+    """DynamoDB has NULL, but leaving a key out reads back as the dataclass default, which keeps items small."""
+    if isinstance(value, dict):
+        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_none(v) for v in value]
+    return value
+
+
+def _numbers(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, dict):
+        return {k: _numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_numbers(v) for v in value]
+    return value
+
+
+def _error_code(error: botocore.exceptions.ClientError) -> str:
+    return str(error.response.get("Error", {}).get("Code", ""))
+
+
+# --- the table ---------------------------------------------------------------------------------------------
+
+
+class JobTable:
+    """The table's operations, on a boto3 DynamoDB client."""
+
+    def __init__(self, dynamodb: Any, table_name: str) -> None:
+        self.dynamodb = dynamodb
+        self.table_name = table_name
+
+    def create(self, record: JobRecord) -> JobRecord:
+        """Writes a new job and takes the lock, both or neither; JobAlreadyActive names the job holding it."""
+        record = dataclasses.replace(record, version=1)
+        try:
+            self.dynamodb.transact_write_items(TransactItems=[
+                {"Put": {
+                    "TableName": self.table_name,
+                    "Item": {"pk": {"S": LOCK_KEY}, "jobId": {"S": record.job_id}},
+                    "ConditionExpression": "attribute_not_exists(pk)",
+                }},
+                {"Put": {
+                    "TableName": self.table_name,
+                    "Item": _to_item(record),
+                    "ConditionExpression": "attribute_not_exists(pk)",
+                }},
+            ])
+        except botocore.exceptions.ClientError as e:
+            if _error_code(e) != "TransactionCanceledException":
+                raise
+            active = self.active_job_id()
+            if active is None or active == record.job_id:
+                raise JobTableError(f"job {record.job_id}: not recorded: {e}") from None
+            holder = self.get(active)
+            raise JobAlreadyActive(active, holder.state if holder else None) from None
+        return record
+
+    def get(self, job_id: str) -> JobRecord | None:
+        item = self.dynamodb.get_item(
+            TableName=self.table_name, Key={"pk": {"S": job_id}}, ConsistentRead=True
+        ).get("Item")
+        return _from_item(item) if item else None
+
+    def active_job_id(self) -> str | None:
+        item = self.dynamodb.get_item(
+            TableName=self.table_name, Key={"pk": {"S": LOCK_KEY}}, ConsistentRead=True
+        ).get("Item")
+        return item["jobId"]["S"] if item else None
+
+    def active(self) -> JobRecord | None:
+        job_id = self.active_job_id()
+        return self.get(job_id) if job_id else None
+
+    def jobs(self) -> Iterator[JobRecord]:
+        """Every job, newest first (job ids start with their submit time)."""
+        records = []
+        for page in self.dynamodb.get_paginator("scan").paginate(TableName=self.table_name, ConsistentRead=True):
+            records += [_from_item(item) for item in page.get("Items", []) if item["pk"]["S"] != LOCK_KEY]
+        return iter(sorted(records, key=lambda r: r.job_id, reverse=True))
+
+    def save(self, record: JobRecord, now: datetime.datetime) -> JobRecord:
+        """Writes `record` if nobody wrote the job since it was read (StaleRecord otherwise); a record in a
+        final state gives the lock back, if it holds it, in the same transaction. Returns the record as written."""
+        written = dataclasses.replace(record, version=record.version + 1, updated_at=utc_now_text(now))
+        put = {
+            "TableName": self.table_name,
+            "Item": _to_item(written),
+            "ConditionExpression": "#version = :read",
+            "ExpressionAttributeNames": {"#version": "version"},
+            "ExpressionAttributeValues": {":read": {"N": str(record.version)}},
+        }
+        try:
+            # Only a job that holds the lock gives it back: a finished job's record is still written (status
+            # copying the nodes' last answers) after the next job took the lock, and the Delete's condition
+            # would then cancel the whole transaction. The lock cannot become this job's after the read
+            # (create never takes it for an existing record); if another writer gave it back after the read,
+            # that writer saved a final state, so the Put's version condition fails: StaleRecord.
+            if written.state in FINAL_STATES and self.active_job_id() == record.job_id:
+                self.dynamodb.transact_write_items(TransactItems=[
+                    {"Put": put},
+                    {"Delete": {
+                        "TableName": self.table_name,
+                        "Key": {"pk": {"S": LOCK_KEY}},
+                        # only this job's lock: a lock already given back is not an error
+                        "ConditionExpression": "attribute_not_exists(pk) OR jobId = :job",
+                        "ExpressionAttributeValues": {":job": {"S": record.job_id}},
+                    }},
+                ])
+            else:
+                self.dynamodb.put_item(**put)
+        except botocore.exceptions.ClientError as e:
+            if _error_code(e) not in ("ConditionalCheckFailedException", "TransactionCanceledException"):
+                raise
+            raise StaleRecord(f"job {record.job_id} changed while it was being updated; read it again") from None
+        return written
+
+    def release_lock(self, job_id: str) -> bool:
+        """Gives the lock back if `job_id` holds it (a record in a final state whose lock was left behind)."""
+        try:
+            self.dynamodb.delete_item(
+                TableName=self.table_name,
+                Key={"pk": {"S": LOCK_KEY}},
+                ConditionExpression="jobId = :job",
+                ExpressionAttributeValues={":job": {"S": job_id}},
+            )
+        except botocore.exceptions.ClientError as e:
+            if _error_code(e) != "ConditionalCheckFailedException":
+                raise
+            return False
+        return True

@@ -1,0 +1,158 @@
+"""`quota` and `capacity` (purchase, list; offerings and prices are in clusterctl.capacity.regional): each
+reads its arguments, calls the AWS-facing modules beside it and prints a table or JSON."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from cluster_aws.errors import EXIT_FAILED, EXIT_OK
+from clusterctl.arguments import AddCommand, instance_type, positive_int, utc_time
+from clusterctl.capacity import offerings as capacity
+from clusterctl.capacity import quota as quotas
+from clusterctl.capacity import regional
+from clusterctl.render import format_table, format_time, to_json
+from clusterctl.runtime import say
+
+if TYPE_CHECKING:
+    from clusterctl.runtime import Runtime
+
+
+def quota(args: argparse.Namespace, runtime: Runtime) -> int:
+    context = runtime.context
+    assert context is not None
+    report = quotas.check_quota(
+        context.client("ec2"), context.client("service-quotas"), args.instance_type, args.nodes
+    )
+    if args.json:
+        say(
+            runtime,
+            to_json(
+                {
+                    "instanceType": report.instance_type,
+                    "nodes": report.nodes,
+                    "quotaVcpus": report.quota_vcpus,
+                    "usedVcpus": report.used_vcpus,
+                    "requestedVcpus": report.requested_vcpus,
+                    "neededVcpus": report.needed_vcpus,
+                    "fits": report.fits,
+                }
+            ),
+        )
+    else:
+        say(runtime, "\n".join(report.summary()))
+    return EXIT_OK if report.fits else EXIT_FAILED
+
+
+
+
+def capacity_purchase(args: argparse.Namespace, runtime: Runtime) -> int:
+    assert runtime.context is not None
+    if not args.yes:
+        answer = runtime.confirm(
+            f"Buy Capacity Block offering {args.offering_id}? Its upfront fee is charged "
+            "now and a purchase cannot be cancelled. Type 'yes' to buy: "
+        )
+        if answer.strip().lower() != "yes":
+            say(runtime, "not bought")
+            return EXIT_FAILED
+    reservation = capacity.purchase_block(runtime.context.client("ec2"), args.offering_id)
+    settings = capacity.deploy_context(reservation, runtime.context.region or "")
+    if args.json:
+        say(runtime, to_json({"reservation": reservation, "cdkContext": settings}))
+        return EXIT_OK
+    say(
+        runtime,
+        f"bought {reservation.reservation_id}: {reservation.total_instances} x "
+        f"{reservation.instance_type} in {reservation.availability_zone}, "
+        f"{format_time(reservation.start)} to {format_time(reservation.end)} ({reservation.state})",
+    )
+    say(runtime, "deploy the cluster on it with:")
+    say(runtime, f"  npx cdk deploy {args.stack} " + " ".join(settings))
+    return EXIT_OK
+
+
+def capacity_list(args: argparse.Namespace, runtime: Runtime) -> int:
+    assert runtime.context is not None
+    reservations = capacity.list_reservations(runtime.context.client("ec2"))
+    if args.json:
+        say(runtime, to_json(reservations))
+        return EXIT_OK
+    rows = [
+        (
+            r.reservation_id,
+            r.kind,
+            r.instance_type,
+            r.availability_zone,
+            r.state,
+            f"{r.available_instances}/{r.total_instances}",
+            format_time(r.start),
+            format_time(r.end) or "no end",
+        )
+        for r in reservations
+    ]
+    say(
+        runtime,
+        format_table(("RESERVATION", "KIND", "TYPE", "AZ", "STATE", "AVAILABLE", "START", "END"), rows)
+        if rows
+        else "no capacity reservations or Capacity Blocks in this region",
+    )
+    return EXIT_OK
+
+
+def add_parsers(add: AddCommand, common: argparse.ArgumentParser) -> None:
+    """`quota` and `capacity` (offerings, prices, purchase, list); `common` holds the global options."""
+    quota_parser = add(
+        "quota", "Does the request fit the On-Demand P-instance vCPU quota (L-417A185B)? Exit 1 if not."
+    )
+    quota_parser.add_argument("--instance-type", type=instance_type, default="p5.48xlarge")
+    quota_parser.add_argument("--nodes", type=positive_int, required=True)
+    quota_parser.set_defaults(handler=quota)
+
+    capacity_parser = add("capacity", "Capacity Blocks for ML and capacity reservations.")
+    capacity_sub = capacity_parser.add_subparsers(dest="capacity_command", required=True, metavar="ACTION")
+    offerings_parser = capacity_sub.add_parser(
+        "offerings",
+        parents=[common],
+        help="list Capacity Block offerings with their price, cheapest first (--regions: several regions at once)",
+    )
+    offerings_parser.add_argument("--instance-type", type=instance_type, default="p5.48xlarge")
+    offerings_parser.add_argument("--nodes", type=positive_int, required=True)
+    offerings_parser.add_argument(
+        "--hours",
+        type=positive_int,
+        required=True,
+        help="block length: whole days up to 14 days, then whole weeks up to 182 days",
+    )
+    offerings_parser.add_argument("--start", type=utc_time, help="earliest start (ISO 8601, UTC if no zone)")
+    offerings_parser.add_argument("--end", type=utc_time, help="latest end (ISO 8601, UTC if no zone)")
+    offerings_parser.add_argument(
+        "--regions",
+        metavar="REGION,...",
+        help="ask these regions in parallel (e.g. us-east-1,us-west-2,eu-north-1); a region that fails is a "
+        "warning, not the end (default: --region only)",
+    )
+    offerings_parser.set_defaults(handler=regional.capacity_offerings)
+    prices_parser = capacity_sub.add_parser(
+        "prices",
+        parents=[common],
+        help="current Spot price per AZ (EC2 Spot price history) and the on-demand price per region (AWS Price "
+        "List API, else the catalog's, labelled)",
+    )
+    prices_parser.add_argument("--instance-type", type=instance_type, default="p5.48xlarge")
+    prices_parser.add_argument(
+        "--regions", metavar="REGION,...", help="regions to ask in parallel (default: --region)"
+    )
+    prices_parser.set_defaults(handler=regional.capacity_prices)
+    purchase_parser = capacity_sub.add_parser(
+        "purchase",
+        parents=[common],
+        help="buy a Capacity Block offering (asks first) and print the cdk deploy settings for it",
+    )
+    purchase_parser.add_argument("offering_id", metavar="OFFERING_ID", help="cb-... from `capacity offerings`")
+    purchase_parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    purchase_parser.set_defaults(handler=capacity_purchase)
+    reservations_parser = capacity_sub.add_parser(
+        "list", parents=[common], help="capacity reservations (ODCRs) and Capacity Blocks: state, AZ, end"
+    )
+    reservations_parser.set_defaults(handler=capacity_list)

@@ -1,0 +1,116 @@
+"""`clusterctl cost`: the estimated on-demand cost, from the instance catalog, of a plan (--instance-type,
+--nodes, --hours) or of a job so far (--job: from the job table's attempts)."""
+
+from __future__ import annotations
+
+import argparse
+
+from cluster_aws import stack_outputs as stack
+from cluster_aws.errors import EXIT_OK, EXIT_USAGE, ClusterctlError
+from cluster_jobs import records as job_records
+from cluster_jobs.cost import CostEstimate, cost_so_far, estimate_cost
+from cluster_jobs.document import find_job
+from cluster_jobs.request import validate_job_id
+from cluster_jobs.table import JobTable
+from clusterctl.arguments import AddCommand, instance_type, non_negative_hours, positive_int
+from clusterctl.render import format_time, format_usd, to_json
+from clusterctl.runtime import Runtime, say, stack_outputs
+
+
+def cost(args: argparse.Namespace, runtime: Runtime) -> int:
+    if args.job:
+        if args.nodes is not None or args.hours is not None:
+            raise ClusterctlError(
+                "--job takes the nodes and hours from the job: drop --nodes/--hours", EXIT_USAGE
+            )
+        assert runtime.context is not None
+        validate_job_id(args.job)
+        outputs = stack_outputs(args, runtime)
+        recorded = _recorded_cost(runtime, outputs, args.job)
+        if recorded is not None:
+            estimate, label = recorded
+            _print_cost(args, runtime, estimate, label)
+            return EXIT_OK
+        record = find_job(runtime.context.client("ssm"), outputs.job_document_name, args.job)
+        if record is None:
+            raise ClusterctlError(
+                f"job {args.job}: not in SSM's command history (unknown id, or older than 30 days)"
+            )
+        estimate = cost_so_far(
+            outputs.instance_type, len(record.instance_ids), record.requested_at, runtime.now()
+        )
+        label = f"job {args.job} so far ({format_time(record.requested_at)} to now)"
+    else:
+        if args.nodes is None or args.hours is None:
+            raise ClusterctlError("cost needs --nodes and --hours (a plan) or --job JOB", EXIT_USAGE)
+        estimate = estimate_cost(args.instance_type, args.nodes, args.hours)
+        label = "plan"
+    _print_cost(args, runtime, estimate, label)
+    return EXIT_OK
+
+
+def _recorded_cost(
+    runtime: Runtime, outputs: stack.StackOutputs, job_id: str
+) -> tuple[CostEstimate, str] | None:
+    """A job in the job table: its node-hours over every attempt (a restart's nodes are other instances, and
+    SSM's history of the job's start commands names them all), as nodes x equivalent hours."""
+    assert runtime.context is not None
+    if outputs.job_table_name is None:
+        return None
+    record = JobTable(runtime.context.client("dynamodb"), outputs.job_table_name).get(job_id)
+    if record is None:
+        return None
+    held = job_records.node_hours(record, runtime.now())
+    attempts = "1 attempt" if record.attempt == 1 else f"{record.attempt} attempts"
+    label = f"job {job_id} so far ({attempts} in the job table, {held:.2f} node-hours)"
+    return estimate_cost(record.instance_type, record.nodes, held / record.nodes), label
+
+
+def _print_cost(args: argparse.Namespace, runtime: Runtime, estimate: CostEstimate, label: str) -> None:
+    if args.json:
+        say(
+            runtime,
+            to_json(
+                {
+                    "label": label,
+                    "instanceType": estimate.instance_type,
+                    "nodes": estimate.nodes,
+                    "hours": round(estimate.hours, 4),
+                    "usdPerInstanceHour": estimate.usd_per_instance_hour,
+                    "usdPerHour": round(estimate.usd_per_hour, 2),
+                    "totalUsd": round(estimate.total_usd, 2),
+                    "gpuHours": round(estimate.gpu_hours, 2),
+                }
+            ),
+        )
+        return
+    say(
+        runtime,
+        f"{label}: {estimate.nodes} x {estimate.instance_type} for {estimate.hours:.2f} h = "
+        f"{format_usd(estimate.total_usd)} ({format_usd(estimate.usd_per_hour)}/h, "
+        f"{estimate.gpu_hours:,.0f} GPU-hours)",
+    )
+    say(
+        runtime,
+        f"estimate at the catalog's on-demand price, {format_usd(estimate.usd_per_instance_hour)} per "
+        "instance-hour (us-east-1 Linux); Capacity Blocks are priced by their upfront fee",
+    )
+
+
+def add_parsers(add: AddCommand) -> None:
+    """`cost`."""
+    cost_parser = add(
+        "cost",
+        "Estimated on-demand cost from the instance catalog: for a plan (--instance-type, "
+        "--nodes, --hours) or for a job so far (--job).",
+    )
+    cost_parser.add_argument("--instance-type", type=instance_type, default="p5.48xlarge")
+    cost_parser.add_argument("--nodes", type=positive_int)
+    cost_parser.add_argument("--hours", type=non_negative_hours, help="hours of the plan (a number >= 0)")
+    cost_parser.add_argument(
+        "--job",
+        metavar="JOB",
+        help="a submitted job: its node-hours so far (from the job table: each attempt's nodes x its hours; for an "
+        "older job: its nodes x the time since it started)",
+    )
+    cost_parser.set_defaults(handler=cost)

@@ -1,0 +1,243 @@
+"""`clusterctl submit` and `clusterctl commcheck` (the same path): checks, the one-job lock, the first N ready
+nodes by private IP, the job's record, then the start through the stack's jobs document.
+
+A job lives in two places: its record in the stack's job table (cluster_jobs.table; the record is the job's
+truth and the one-job lock) and its processes on the nodes of its current attempt, reached through the jobs
+document (cluster_jobs.document). Submit writes the record before any node is touched, so the job keeper,
+which reads the same record, always knows what runs; a start that fails on a node is recorded failed and
+stopped where it started."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, NoReturn
+
+from cluster_aws import stack_outputs as stack
+from cluster_aws.errors import EXIT_OK, ClusterctlError, one_line
+from cluster_aws.nodes import Node, list_nodes, select_job_nodes
+from cluster_jobs import records as job_records
+from cluster_jobs.document import SubmitResult, query_job, submit_job
+from cluster_jobs.node_states import NodeJobState
+from cluster_jobs.request import JobRequest, new_job_id
+from cluster_jobs.table import ACTIVE_STATES, JobAlreadyActive, JobRecord, JobTable
+from clusterctl.render import to_json
+from clusterctl.runtime import note, require_job_table, say, stack_outputs
+from instance_catalog.instance_types import get_instance_type
+from node_bootstrap import jobs as node_jobs
+
+if TYPE_CHECKING:
+    from clusterctl.runtime import Runtime
+
+
+
+
+
+
+
+
+
+
+
+
+def submit(args: argparse.Namespace, runtime: Runtime) -> int:
+    return _submit(args, runtime, node_jobs.TRAINING_MODULE, args.config, tuple(args.overrides), args.resume_from)
+
+
+def commcheck(args: argparse.Namespace, runtime: Runtime) -> int:
+    """The all_reduce bandwidth check (training/commcheck.py) through submit's path: its options travel as
+    key=value overrides, which the node turns back into options (--min-busbw-gbps 350)."""
+    options = {
+        "sizes_mib": args.sizes_mib,
+        "iters": args.iters,
+        "warmup_iters": args.warmup_iters,
+        "dtype": args.dtype,
+        "min_busbw_gbps": args.min_busbw_gbps,
+    }
+    overrides = tuple(f"{key}={value}" for key, value in options.items() if value is not None)
+    return _submit(args, runtime, node_jobs.COMMCHECK_MODULE, "", overrides)
+
+
+def _submit(
+    args: argparse.Namespace,
+    runtime: Runtime,
+    module: str,
+    config: str,
+    overrides: tuple[str, ...],
+    resume_from: str = "",
+) -> int:
+    """Checks, the lock, the first N ready nodes by private IP, the record, then one SendCommand per 50 nodes
+    with the rendezvous on the first: the same for a training job and a commcheck."""
+    assert runtime.context is not None
+    outputs = stack_outputs(args, runtime)
+    count = args.nodes or outputs.node_count
+    request = JobRequest(
+        config=config,
+        nodes=count,
+        gpus_per_node=get_instance_type(outputs.instance_type).gpu_count,
+        max_restarts=args.max_restarts,
+        overrides=overrides,
+        module=module,
+        resume_from=resume_from,
+    )
+    request.validate()  # before any node is looked at
+    table = require_job_table(outputs, runtime, "not submitted")
+    config_text = job_records.read_config_text(request.config)
+    _refuse_while_active(table)  # before the nodes: a restarting job's nodes are not ready, and that is why
+    selected = _select_nodes(outputs, runtime, count)
+
+    now = runtime.now()
+    job_id = new_job_id(now)
+    checkpoint_dir = ""
+    if module == node_jobs.TRAINING_MODULE and outputs.checkpoint_root:
+        checkpoint_dir = job_records.job_checkpoint_dir(outputs.checkpoint_root, job_id)
+    assert outputs.max_job_restarts is not None  # read with the table's name
+    record = job_records.new_record(
+        request,
+        job_id,
+        instance_type=outputs.instance_type,
+        max_job_restarts=outputs.max_job_restarts,
+        checkpoint_dir=checkpoint_dir,
+        config_text=config_text,
+        attempt=job_records.new_attempt(1, selected, now),
+        now=now,
+    )
+    _create(table, record)  # the record and the lock, before any node is touched
+    if request.config.startswith("/"):
+        note(runtime, f"{request.config} is a path on the nodes: job {job_id}'s record keeps the path, not the "
+                       "content")
+
+    try:
+        result = submit_job(
+            runtime.context.client("ssm"),
+            outputs.job_document_name,
+            selected,
+            request,
+            job_id,
+            runtime.sleep,
+            runtime.clock,
+        )
+    except Exception as error:
+        reason = f"attempt 1 did not start: {one_line(str(error), 200)}"
+        _record_failed_start(runtime, table, job_id, reason)
+        raise
+    if args.json:
+        say(
+            runtime,
+            to_json(
+                {
+                    "jobId": job_id,
+                    "rendezvousHost": result.rendezvous_host,
+                    "nodes": [n.instance_id for n in selected],
+                    "failed": {i.instance_id: i.error for i in result.failed},
+                    "jobTable": table.table_name,
+                    "checkpointDir": checkpoint_dir or None,
+                }
+            ),
+        )
+    else:
+        say(runtime, job_id)  # the first line, also when the start failed: what the record is under
+    if result.failed:
+        _failed_start(runtime, outputs, table, result)
+
+    answers = [NodeJobState.from_invocation(i) for i in result.invocations.values()]
+    try:
+        job_records.update_record(table, job_id, lambda r: job_records.started(r, 1, answers), runtime.now())
+    except Exception as e:  # noqa: BLE001 - the job runs, and the keeper moves its record on from `starting` too
+        note(runtime, f"job {job_id} started, but its record still says starting: {one_line(str(e), 200)}")
+    if args.json:
+        return EXIT_OK
+    if module == node_jobs.COMMCHECK_MODULE:
+        say(
+            runtime,
+            f"all_reduce check started on {len(selected)} x {outputs.instance_type} "
+            f"({request.gpus_per_node} GPUs each), rendezvous {result.rendezvous_host}; follow it with: "
+            f"clusterctl status {job_id} (busbw) and clusterctl logs {job_id} --follow (the table, NCCL's "
+            "network)",
+        )
+    else:
+        say(
+            runtime,
+            f"started on {len(selected)} x {outputs.instance_type} ({request.gpus_per_node} GPUs each), "
+            f"rendezvous {result.rendezvous_host}; follow it with: clusterctl logs {job_id} --follow",
+        )
+    return EXIT_OK
+
+
+def _refuse_while_active(table: JobTable) -> None:
+    holder = table.active()
+    if holder is not None and holder.state in ACTIVE_STATES:
+        raise JobAlreadyActive(holder.job_id, holder.state)
+
+
+def _select_nodes(outputs: stack.StackOutputs, runtime: Runtime, count: int) -> list[Node]:
+    assert runtime.context is not None
+    found = list_nodes(
+        runtime.context.client("autoscaling"), runtime.context.client("ec2"), outputs.auto_scaling_group_name
+    )
+    try:
+        return select_job_nodes(found, count)
+    except ClusterctlError as e:
+        hint = (
+            " (capacity-block: nodes launch when the block starts)"
+            if outputs.capacity_mode == "capacity-block" and not found
+            else ""
+        )
+        raise ClusterctlError(f"not submitted: {e}{hint}; see clusterctl nodes", e.exit_code) from None
+
+
+def _create(table: JobTable, record: JobRecord) -> None:
+    """Writes the record and takes the lock. A lock that outlived its job (its record is in a final state, or
+    was deleted by hand) is given back once; a job that is active is never displaced (JobAlreadyActive)."""
+    try:
+        table.create(record)
+    except JobAlreadyActive as refused:
+        if refused.active_state in ACTIVE_STATES:
+            raise
+        table.release_lock(refused.active_job_id)
+        table.create(record)
+
+
+def _record_failed_start(runtime: Runtime, table: JobTable, job_id: str, reason: str) -> None:
+    """Records the first attempt as failed (which gives the lock back); a failure to do so is a note, so
+    the error that caused it is the one reported."""
+    try:
+        job_records.update_record(table, job_id, lambda r: job_records.failed(r, 1, reason, runtime.now()),
+                                  runtime.now())
+    except Exception as e:  # noqa: BLE001 - the start's own error follows
+        note(runtime, f"job {job_id} could not be recorded as failed ({one_line(str(e), 200)}); its record "
+                       f"holds the cluster's lock: clusterctl cancel {job_id} gives it back")
+
+
+def _failed_start(
+    runtime: Runtime,
+    outputs: stack.StackOutputs,
+    table: JobTable,
+    result: SubmitResult,
+) -> NoReturn:
+    """Some nodes did not start the job: the job failed. It is recorded so (the lock goes back; the keeper
+    leaves a failed job alone), then stopped on the nodes where it did start, which would otherwise wait at
+    the rendezvous for peers that never come."""
+    assert runtime.context is not None
+    errors = {i.instance_id: i.error for i in result.failed}
+    reason = job_records.start_failure_reason(1, errors, len(result.nodes))
+    _record_failed_start(runtime, table, result.job_id, reason)
+    started_on = [n.instance_id for n in result.nodes if n.instance_id not in errors]
+    still = []
+    if started_on:
+        states = query_job(
+            runtime.context.client("ssm"),
+            runtime.context.client("ec2"),
+            outputs.job_document_name,
+            result.job_id,
+            started_on,
+            "cancel",
+            node_jobs.STOP_GRACE_SECONDS,
+            runtime.sleep,
+            runtime.clock,
+        )
+        still = [s.instance_id for s in states if s.state in ("running", "unknown")]
+    stopped = f"; stopped where it started ({', '.join(started_on)})" if started_on else ""
+    if still:
+        stopped = (f"; stopping it where it started did not succeed on {', '.join(still)}: see clusterctl "
+                   f"status {result.job_id}")
+    raise ClusterctlError(f"job {result.job_id}: {reason}; recorded as failed{stopped}")

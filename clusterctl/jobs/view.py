@@ -1,0 +1,125 @@
+"""How the job commands show a job: its record (the attempts, the steps lost at each restart) and its nodes'
+answers, as text for people and as JSON-ready dicts for scripts."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Sequence
+
+from cluster_jobs import records as job_records
+from cluster_jobs.node_states import GONE, NodeJobState, is_commcheck, overall_state, reported_busbw
+from cluster_jobs.table import JobRecord
+from clusterctl.render import format_table
+
+
+def record_json(record: JobRecord, now: datetime.datetime) -> dict[str, object]:
+    """The record's fields (snake_case, like the nodes' states), with each attempt's steps lost, the
+    attempt number, the last step and the cost so far."""
+    data = dataclasses.asdict(record)
+    for attempt, raw in zip(record.attempts, data["attempts"], strict=True):
+        raw["steps_lost"] = record.steps_lost(attempt.number)
+    cost = job_records.cost_so_far_usd(record, now)
+    data.update(attempt=record.attempt, last_step=record.last_step,
+                cost_so_far_usd=None if cost is None else round(cost, 2))
+    return data
+
+
+def attempt_summary(state: str, attempt: int, max_job_restarts: int) -> str:
+    """A job's state and attempt as `status` and `top` show them: `restarting, attempt 2 (restarts: 1 of at
+    most 5)`. Attempt 1 is the submit; each restart on a new node set adds one."""
+    return f"{state}, attempt {attempt} (restarts: {max(0, attempt - 1)} of at most {max_job_restarts})"
+
+
+def format_record(record: JobRecord) -> str:
+    """The job as its record has it: the header, then one row per attempt (STEPS LOST: the step the attempt
+    reached minus the step the next one resumed from), then each attempt's nodes."""
+    what = f"{record.module} {record.config}".rstrip()
+    lines = [
+        f"job {record.job_id}: {attempt_summary(record.state, record.attempt, record.max_job_restarts)}; {what} on "
+        f"{record.nodes} x {record.instance_type}"
+    ]
+    if record.reason:
+        lines.append(f"reason: {record.reason}")
+    if record.checkpoint_dir:
+        lines.append(f"checkpoints: {record.checkpoint_dir}")
+    rows = [
+        (
+            a.number,
+            len(a.nodes),
+            a.rendezvous_host,
+            a.started_at,
+            a.ended_at,
+            a.step_reached,
+            a.resumed_from_step,
+            record.steps_lost(a.number),
+            a.end_reason,
+        )
+        for a in record.attempts
+    ]
+    lines.append(format_table(
+        ("ATTEMPT", "NODES", "RENDEZVOUS", "STARTED", "ENDED", "STEP", "RESUMED FROM", "STEPS LOST", "REASON"),
+        rows,
+    ))
+    lines += [f"attempt {a.number} nodes: {', '.join(a.nodes)}" for a in record.attempts]
+    return "\n".join(lines)
+
+
+def states_json(job_id: str, states: Sequence[NodeJobState]) -> dict[str, object]:
+    report: dict[str, object] = {"jobId": job_id, "state": overall_state(states), "nodes": list(states)}
+    if is_commcheck(states):
+        reported = reported_busbw(states)
+        report["busbwGbps"] = reported.busbw_gbps if reported else None
+        report["busbwSizeBytes"] = reported.busbw_size_bytes if reported else None
+    return report
+
+
+def format_states(states: Sequence[NodeJobState], label: str) -> str:
+    """One row per node, then `<label>: <overall state> (<nodes>)`; for a commcheck, busbw where rank 0
+    logged it instead of step and loss."""
+    overall = overall_state(states)
+    if is_commcheck(states):
+        return _format_commcheck_states(states, overall, label)
+    rows = [
+        (s.instance_id, s.state, s.exit_code, s.last_step, s.last_loss, s.network, s.started_at, s.ended_at,
+         s.detail)
+        for s in states
+    ]
+    table = format_table(("INSTANCE", "STATE", "EXIT", "STEP", "LOSS", "NETWORK", "STARTED", "ENDED", "DETAIL"), rows)
+    return f"{table}\n{label}: {overall} ({_count_nodes(states)})"
+
+
+def _format_commcheck_states(states: Sequence[NodeJobState], overall: str, label: str) -> str:
+    reported = reported_busbw(states)
+    rows = [
+        (
+            s.instance_id,
+            s.state,
+            s.exit_code,
+            None if s.busbw_gbps is None else f"{s.busbw_gbps:.1f}",
+            _format_mib(s.busbw_size_bytes),
+            s.network,
+            s.started_at,
+            s.ended_at,
+            s.detail,
+        )
+        for s in states
+    ]
+    table = format_table(
+        ("INSTANCE", "STATE", "EXIT", "BUSBW GB/S", "SIZE", "NETWORK", "STARTED", "ENDED", "DETAIL"), rows
+    )
+    summary = f"{label}: {overall} ({_count_nodes(states)})"
+    if reported is not None:
+        summary += f"; all_reduce busbw {reported.busbw_gbps:.1f} GB/s at {_format_mib(reported.busbw_size_bytes)}"
+    else:
+        summary += "; no busbw logged yet"
+    return f"{table}\n{summary}"
+
+
+def _count_nodes(states: Sequence[NodeJobState]) -> str:
+    gone = sum(s.state == GONE for s in states)
+    return f"{len(states)} nodes" + (f", {gone} gone (replaced)" if gone else "")
+
+
+def _format_mib(size_bytes: int | None) -> str | None:
+    return None if size_bytes is None else f"{size_bytes / 2**20:g} MiB"

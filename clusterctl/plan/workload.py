@@ -1,0 +1,100 @@
+"""What `clusterctl plan` plans for: a model and the shape of its training step, from a preset name or a
+training config file, read by the trainer's own loader (training.config.load_config, which imports no torch)
+so a config means the same model and step to the plan as to the run.
+
+A preset name stands for the packaged config of that preset (`llama3-70b` -> training/configs/llama3-70b.toml),
+so the plan uses the sequence length, micro-batch and settings that `clusterctl submit` would run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from cluster_aws.errors import EXIT_USAGE, ClusterctlError
+from training.config import CONFIGS_DIR, TrainConfig, load_config
+from training.config_sections import MODEL_PRESETS, ModelConfig
+from training.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Workload:
+    model: ModelConfig
+    config: str  # the --config to submit: training/configs/<name>.toml (in the node bundle) or the path given
+    seq_len: int  # tokens per sample
+    micro_batch_size: int  # samples per GPU per forward/backward
+    grad_accum_steps: int  # micro-batches per optimizer step
+    activation_checkpointing: bool  # as the config file has it (the plan may need to change it)
+    reshard_after_forward: bool
+    fp8_backend: str  # "none", "torchao" or "te", as the config file has it
+    fp8_recipe: str  # the backend's scaling recipe (torchao_recipe, te_recipe); "" with none
+    compile: bool  # torch.compile per block, as the config file has it
+
+    @property
+    def preset(self) -> str:
+        return self.model.preset
+
+    @property
+    def name(self) -> str:
+        return self.model.preset or Path(self.config).stem
+
+
+def load_workload(model: str, seq_len: int | None = None, micro_batch_size: int | None = None) -> Workload:
+    """The workload for `--model`: a preset name or a training TOML; --seq-len and --micro-batch-size win (as
+    `--set run.seq_len=...` would on the nodes)."""
+    path, config = _config_path(model)
+    overrides = [f"run.{key}={value}" for key, value in
+                 (("seq_len", seq_len), ("micro_batch_size", micro_batch_size)) if value is not None]
+    cfg = _load(path, overrides)
+    if cfg.parallel.param_dtype != "bfloat16":
+        raise ClusterctlError(
+            f"parallel.param_dtype={cfg.parallel.param_dtype!r} in {path}: the planner models bf16 mixed "
+            "precision (the GPU configs' setting); allowed: 'bfloat16'",
+            EXIT_USAGE,
+        )
+    return Workload(
+        model=cfg.model,
+        config=config,
+        seq_len=cfg.run.seq_len,
+        micro_batch_size=cfg.run.micro_batch_size,
+        grad_accum_steps=cfg.run.grad_accum_steps,
+        activation_checkpointing=cfg.parallel.activation_checkpointing,
+        reshard_after_forward=cfg.parallel.reshard_after_forward,
+        fp8_backend=cfg.fp8.backend,
+        fp8_recipe={"torchao": cfg.fp8.torchao_recipe, "te": cfg.fp8.te_recipe}.get(cfg.fp8.backend, ""),
+        compile=cfg.parallel.compile,
+    )
+
+
+def packaged_config_for(preset: str) -> Path | None:
+    """The packaged config whose [model] preset is `preset` (its own name first: 1b -> 1b.toml)."""
+    for path in sorted(CONFIGS_DIR.glob("*.toml"), key=lambda p: (p.stem != preset, p.name)):
+        if _load(path, []).model.preset == preset:
+            return path
+    return None
+
+
+def _config_path(model: str) -> tuple[Path, str]:
+    """(the file to read, the --config to print for submit)."""
+    if model in MODEL_PRESETS:
+        packaged = packaged_config_for(model)
+        if packaged is None:
+            raise ClusterctlError(f"--model {model}: no config in {CONFIGS_DIR} uses this preset", EXIT_USAGE)
+        return packaged, f"training/configs/{packaged.name}"
+    path = Path(model)
+    if path.is_file():
+        return path, model
+    packaged = CONFIGS_DIR / f"{model}.toml"
+    if packaged.is_file():
+        return packaged, f"training/configs/{packaged.name}"
+    raise ClusterctlError(
+        f"--model {model!r}: allowed: a preset ({', '.join(MODEL_PRESETS)}) or a training config TOML file",
+        EXIT_USAGE,
+    )
+
+
+def _load(path: Path, overrides: list[str]) -> TrainConfig:
+    try:
+        return load_config(path, overrides)
+    except ConfigError as error:
+        raise ClusterctlError(f"{path}: {error}", EXIT_USAGE) from None

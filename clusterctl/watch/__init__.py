@@ -1,0 +1,1 @@
+"""`clusterctl top`: a live view of the cluster from CloudWatch metrics and the job table."""
