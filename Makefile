@@ -40,8 +40,10 @@ synth: setup
 	npx --no-install cdk synth $(STACK) --quiet --no-notices --no-version-reporting
 	@echo "Template: $(CURDIR)/cdk.out/$(STACK).template.json"
 
+# The suite runs on every core (pytest-xdist); --dist loadfile keeps each file's tests on one worker so a
+# module's shared fixtures (a synthesized stack, a fake cluster) are built once. `pytest` alone runs serially.
 test: setup lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto --dist loadfile
 
 lint: setup
 	$(BIN)/ruff check .

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
 
+from node_bootstrap.errors import StepError
 from node_bootstrap.lustre import mount_with_retries, plan_lustre, write_test
-from node_bootstrap.plan import StepError, execute_plan
+from node_bootstrap.plan import execute_plan
 
 SOURCE = "fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com@tcp:/abcdefgh"
 FSTAB_LINE = f"{SOURCE} /fsx lustre defaults,relatime,flock,_netdev,x-systemd.automount 0 0"
@@ -162,6 +164,7 @@ def test_package_installs_are_retried(fake_node, config):
 def test_an_efa_enabled_file_system_says_it_is_mounted_over_tcp(fake_node, kit, caplog):
     from node_bootstrap.config import parse_node_config
 
+    caplog.set_level(logging.INFO, logger="node_bootstrap")  # the NIDs line is INFO; do not rely on test order
     config = parse_node_config(kit.node_config_dict(**{"lustre.efaEnabled": True}))
     fake_node.runner.on("lctl", lambda argv: (0, "10.42.1.17@tcp\n"))
     plan, _ = run_lustre(fake_node, config)
