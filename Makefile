@@ -7,6 +7,10 @@ BIN := $(VENV)/bin
 # checkov pins a boto3 that conflicts with requirements.txt: it gets a virtual environment of its own.
 CHECKOV_VENV := .venv-checkov
 STACK := TrainingClusterStack
+# The training lock's wheels, which the node bundle carries (cluster_constructs/bundle.py).
+NODE_LOCK := training/node-requirements.txt
+WHEELHOUSE := build/wheelhouse
+LOCAL_WHEELS := wheels
 
 # Node.js: tools/check_node.py says once per make, in one line, whether yours is one AWS CDK supports (22.x,
 # 24.x), warns on one it no longer supports (Node 20 since 2026-10-30) and stops on one the pinned CLI cannot
@@ -20,7 +24,7 @@ export CDK_DISABLE_CLI_TELEMETRY := true
 
 .PHONY: setup check-node synth test lint checkov clean
 
-setup: check-node $(VENV)/.installed node_modules/.installed
+setup: check-node $(VENV)/.installed node_modules/.installed $(WHEELHOUSE)/.fetched
 
 check-node:
 	@$(PYTHON) tools/check_node.py
@@ -30,6 +34,17 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $@
+
+# For the nodes' platform, not this machine's: x86_64 Linux (every P instance type of the catalog) and the DLAMI
+# PyTorch environment's CPython 3.12 (abi3 wheels fit it too). pip checks every file against the lock's hashes.
+# Wheels you built yourself (Transformer Engine's PyTorch extension: README, "FP8 on the nodes") go in wheels/.
+$(WHEELHOUSE)/.fetched: $(NODE_LOCK) $(VENV)/.installed $(wildcard $(LOCAL_WHEELS)/*.whl)
+	rm -rf $(WHEELHOUSE)
+	$(BIN)/python -m pip download --quiet --disable-pip-version-check --no-deps --require-hashes \
+		--only-binary=:all: --platform manylinux_2_28_x86_64 --platform linux_x86_64 --implementation cp \
+		--python-version 3.12 $(if $(wildcard $(LOCAL_WHEELS)/*.whl),--find-links $(LOCAL_WHEELS)) \
+		--dest $(WHEELHOUSE) -r $(NODE_LOCK)
 	touch $@
 
 node_modules/.installed: package.json package-lock.json
@@ -61,4 +76,4 @@ $(CHECKOV_VENV)/.installed: requirements-checkov.txt
 	touch $@
 
 clean:
-	rm -rf $(VENV) $(CHECKOV_VENV) node_modules cdk.out .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(CHECKOV_VENV) node_modules cdk.out .pytest_cache .ruff_cache $(WHEELHOUSE)

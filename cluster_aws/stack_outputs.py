@@ -26,6 +26,9 @@ MAX_JOB_RESTARTS_OUTPUT = "MaxJobRestarts"
 # The node config's training.checkpointRoot: a job's record names its checkpoint directory from it
 # (node_bootstrap.jobs.checkpoint_dir). A stack deployed before this output has none: the record's is then "".
 CHECKPOINT_ROOT_OUTPUT = "CheckpointRoot"
+# The fp8.backend values the nodes' training environment provides ("none,torchao"), from the training lock the
+# bundle carries. A stack deployed before this output has none: nothing is checked then.
+FP8_BACKENDS_OUTPUT = "Fp8Backends"
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,11 @@ class StackOutputs:
     @property
     def checkpoint_root(self) -> str | None:
         return self.outputs.get(CHECKPOINT_ROOT_OUTPUT) or None
+
+    @property
+    def fp8_backends(self) -> tuple[str, ...] | None:
+        value = self.outputs.get(FP8_BACKENDS_OUTPUT)
+        return tuple(b for b in value.split(",") if b) if value else None
 
 
 def read_stack_outputs(cloudformation: Any, stack_name: str, region: str | None) -> StackOutputs:

@@ -1,7 +1,9 @@
 """The stack's two code assets, staged from the repository by the same rules.
 
-- The node bundle (NODE_BUNDLE): node_bootstrap, the training package and the instance catalog, one S3 asset.
-  User-data downloads it and unpacks it at /opt/cluster/bundle (docs/architecture.md section 1).
+- The node bundle (NODE_BUNDLE): node_bootstrap, the training package and the instance catalog, one S3 asset,
+  with the wheels of the training lock (training/node-requirements.txt) in `wheelhouse/`. User-data downloads
+  it and unpacks it at /opt/cluster/bundle (docs/architecture.md section 1); node_bootstrap's packages step
+  installs the wheels, so a node needs no package index, and no NAT gateway, to get them.
 - The job keeper's code (KEEPER_CODE): the job_keeper package and exactly the packages it imports (the job
   model in cluster_jobs, which clusterctl shares, and what that imports), the Lambda function's asset
   (cluster_constructs/job_keeper.py). boto3 comes from the Lambda runtime; clusterctl is not shipped.
@@ -15,6 +17,11 @@ module reaches the nodes once it is `git add`ed); elsewhere (an unpacked source 
 them. In both cases caches and tool state never ship: no hidden files or directories (`.ruff_cache`,
 `.pytest_cache`, `.mypy_cache`, editor files), no `__pycache__`, no `*.pyc`, and not the packages' lint config.
 A README or test edit does not change the hash either: only the bundled packages are staged.
+
+The wheels are not committed: `make setup` downloads them into build/wheelhouse, and staging copies exactly the
+wheel of each locked package whose sha256 the lock names (node_bootstrap/package_lock.py), so the wheelhouse is
+as much a function of the committed lock as the code is of the commit. A missing or different wheel stops the
+synthesis with the package's name, never a bundle without it.
 """
 
 from __future__ import annotations
@@ -24,7 +31,12 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from node_bootstrap.package_lock import Lock, parse_lock, select_wheels
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
+NODE_LOCK = "training/node-requirements.txt"  # the training lock, relative to the repository
+WHEELHOUSE = REPO_ROOT / "build" / "wheelhouse"  # where `make setup` downloads the lock's wheels
+WHEELHOUSE_DIR_NAME = "wheelhouse"  # ... and where the bundle carries them
 # Staged files are written with these modes, whatever the umask: the zip keeps them, and Lambda runs the code as
 # a user other than the file's owner (a 0600 module would fail to import). The hash reads contents, not modes.
 _FILE_MODE = 0o644
@@ -36,9 +48,10 @@ _GIT_TIMEOUT_S = 30
 
 @dataclass(frozen=True)
 class Bundle:
-    """One staged code asset: the top-level packages it holds, whole."""
+    """One staged code asset: the top-level packages it holds, whole, and the wheels of a lock."""
 
     packages: tuple[str, ...]
+    lock: str | None = None  # a training lock (repository-relative) whose wheels ship in wheelhouse/
 
     @property
     def sources(self) -> list[str]:
@@ -47,7 +60,7 @@ class Bundle:
 
 # training reads the GPU's peak for MFU from the instance catalog; node_bootstrap's expected counts come
 # rendered in the node config instead.
-NODE_BUNDLE = Bundle(("instance_catalog", "node_bootstrap", "training"))
+NODE_BUNDLE = Bundle(("instance_catalog", "node_bootstrap", "training"), lock=NODE_LOCK)
 # The packages job_keeper.handler imports, directly or not (tests/test_architecture.py checks the list against
 # the imports): the job model and its AWS plumbing, the jobs document's contract (node_bootstrap.jobs) and the
 # trainer's config loader, with which a restart validates the job's config like a submit does.
@@ -72,8 +85,14 @@ def bundled_files(repo_root: Path = REPO_ROOT, bundle: Bundle = NODE_BUNDLE) -> 
     return sorted(p for p in set(candidates) if is_shipped(p) and (repo_root / p).is_file())
 
 
-def stage_bundle(destination: Path, *, repo_root: Path = REPO_ROOT, bundle: Bundle = NODE_BUNDLE) -> Path:
-    """Copy the bundle's files into `destination` (replacing what was there) and return it."""
+def read_lock(repo_root: Path = REPO_ROOT, relative: str = NODE_LOCK) -> Lock:
+    return parse_lock((repo_root / relative).read_text(encoding="utf-8"), relative)
+
+
+def stage_bundle(destination: Path, *, repo_root: Path = REPO_ROOT, bundle: Bundle = NODE_BUNDLE,
+                 wheelhouse: Path = WHEELHOUSE) -> Path:
+    """Copy the bundle's files, and the lock's wheels from `wheelhouse`, into `destination` (replacing what was
+    there) and return it. LockError names a locked package whose wheel is missing or differs."""
     if destination.exists():
         shutil.rmtree(destination)
     destination.mkdir(parents=True)
@@ -82,6 +101,14 @@ def stage_bundle(destination: Path, *, repo_root: Path = REPO_ROOT, bundle: Bund
         _make_dirs(destination, target.parent)
         shutil.copyfile(repo_root / relative, target)  # contents only: modes and times are not the code
         target.chmod(_FILE_MODE)
+    if bundle.lock is not None:
+        wheels = select_wheels(read_lock(repo_root, bundle.lock), str(wheelhouse),
+                               f"run `make setup`: it downloads the wheels {bundle.lock} pins into {wheelhouse}")
+        _make_dirs(destination, destination / WHEELHOUSE_DIR_NAME)
+        for name in wheels:
+            target = destination / WHEELHOUSE_DIR_NAME / name
+            shutil.copyfile(wheelhouse / name, target)
+            target.chmod(_FILE_MODE)
     return destination
 
 

@@ -21,8 +21,9 @@ from cluster_spec.settings import (
 
 # 2: expected.nvswitch and the bootstrap section (deadline, protected mode);
 # 3: the monitor section and the jobs' hang timeouts (training.job*TimeoutSeconds);
-# 4: "metrics" and "cloudwatchAgent" (node metrics through the CloudWatch agent)
-SCHEMA_VERSION = 4
+# 4: "metrics" and "cloudwatchAgent" (node metrics through the CloudWatch agent);
+# 5: expected.fp8 and the training lock (training.lockFile, wheelhouseDir, packagesDir, fp8Backends)
+SCHEMA_VERSION = 5
 BUNDLE_DIR = "/opt/cluster/bundle"
 NODE_CONFIG_PATH = "/etc/cluster/node-config.json"
 DLAMI_SCRATCH = (
@@ -31,6 +32,10 @@ DLAMI_SCRATCH = (
 DLAMI_PYTHON = (
     "/opt/pytorch/bin/python"  # the DLAMI's PyTorch environment (DLAMI release notes, python_location)
 )
+# The training lock and its wheels, inside the bundle (cluster_constructs/bundle.py stages both).
+LOCK_FILE = f"{BUNDLE_DIR}/training/node-requirements.txt"
+WHEELHOUSE_DIR = f"{BUNDLE_DIR}/wheelhouse"
+PACKAGES_DIR = "/opt/cluster/python-packages"  # node_bootstrap's packages step installs the lock here
 RENDEZVOUS_PORT = 29400  # torchrun c10d rendezvous on the first node
 
 
@@ -53,6 +58,7 @@ def render_node_config(
     bootstrap: BootstrapSettings,
     auto_scaling_group_name: str,
     health: HealthSettings,
+    fp8_backends: list[str],
 ) -> dict[str, Any]:
     """The node config as a JSON-ready dict (values may be CDK tokens)."""
     instance = compute.instance_type
@@ -72,6 +78,7 @@ def render_node_config(
             "efaInterfaceCount": instance.efa_interfaces,
             "nvmeDeviceCount": instance.nvme_devices,
             "nvswitch": instance.nvswitch,
+            "fp8": instance.supports_fp8,
         },
         "scratch": {"mountPoint": compute.scratch_mount_point, "dlamiMountPoint": DLAMI_SCRATCH},
         "lustre": {
@@ -93,6 +100,10 @@ def render_node_config(
             "bundleDir": BUNDLE_DIR,
             "envFile": "/etc/cluster/training.env",
             "python": DLAMI_PYTHON,
+            "lockFile": LOCK_FILE,
+            "wheelhouseDir": WHEELHOUSE_DIR,
+            "packagesDir": PACKAGES_DIR,
+            "fp8Backends": list(fp8_backends),
             "jobsDir": "/var/lib/cluster/jobs",
             "jobLogDir": "/var/log/cluster/jobs",
             "checkpointRoot": checkpoint_root(storage),

@@ -81,6 +81,7 @@ def new_record(
     config_text: str,
     attempt: Attempt,
     now: datetime.datetime,
+    fp8_backend: str | None = None,
 ) -> JobRecord:
     """What a submit writes before any node is touched: state starting, its first attempt."""
     created = utc_now_text(now)
@@ -101,6 +102,7 @@ def new_record(
         created_at=created,
         updated_at=created,
         attempts=[attempt],
+        fp8_backend=fp8_backend,
     )
 
 

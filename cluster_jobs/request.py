@@ -18,6 +18,13 @@ MAX_ATTEMPT = 1000  # the jobs document's `attempt` parameter: a positive intege
 
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# What puts an FP8 backend on the nodes, for the line that refuses a job whose nodes lack it.
+FP8_BACKEND_SOURCES = {
+    "te": "add Transformer Engine (transformer-engine-torch and its core wheels) to the training lock "
+          "training/node-requirements.txt and redeploy (README, 'FP8 on the nodes')",
+    "torchao": "add torchao to the training lock training/node-requirements.txt and redeploy "
+               "(README, 'FP8 on the nodes')",
+}
 
 
 def new_job_id(now: datetime.datetime) -> str:
@@ -111,6 +118,28 @@ class JobRequest:
                 training_config.load_config(REPO_ROOT / self.config, self.overrides)
         except TrainingConfigError as e:
             raise ClusterctlError(f"not submitted: {self.config} with the --set items: {e}", EXIT_USAGE) from None
+
+    def fp8_backend(self) -> str | None:
+        """The fp8.backend the trainer will run (the config with the --set items); None when it cannot be known
+        here (a config on the nodes that no --set item overrides) or the job is no training run."""
+        if self.module != node_jobs.TRAINING_MODULE:
+            return None
+        if self.config.startswith("/"):
+            return training_config.parse_overrides(self.overrides).get("fp8", {}).get("backend")
+        return training_config.load_config(REPO_ROOT / self.config, self.overrides).fp8.backend
+
+    def require_fp8_backend(self, provided: tuple[str, ...] | None, stack_name: str) -> str | None:
+        """The job's fp8.backend, refused (before any node is touched) when the nodes do not provide it.
+        `provided`: the stack's Fp8Backends output; None for a stack deployed before it (nothing checked)."""
+        backend = self.fp8_backend()
+        if backend is None or provided is None or backend in provided:
+            return backend
+        raise ClusterctlError(
+            f"not submitted: {self.config} runs fp8.backend={backend!r}, and the nodes of stack {stack_name} "
+            f"provide {', '.join(provided)}: {FP8_BACKEND_SOURCES.get(backend, 'install it on the nodes')}, "
+            "or --set fp8.backend=" + ("torchao" if "torchao" in provided else "none"),
+            EXIT_USAGE,
+        )
 
     def parameters(self, job_id: str, rendezvous_host: str) -> dict[str, list[str]]:
         parameters = {

@@ -94,6 +94,7 @@ class JobRecord:
     ended_at: str | None = None
     reason: str | None = None  # why the job is in its state: a restart's cause, or the final outcome
     cancel_requested_by: str | None = None  # "clusterctl cancel" or "capacity block end"
+    fp8_backend: str | None = None  # the trainer's fp8.backend; None: not known here (a commcheck, a node config)
     version: int = 0  # optimistic concurrency: every put is conditional on the version read
 
     @property

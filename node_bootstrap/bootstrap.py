@@ -4,7 +4,8 @@ Order and why:
   logging   first, so the CloudWatch agent ships the log of every later step, failures included
   scratch   instance-store NVMe as one fast scratch directory
   lustre    FSx for Lustre at /fsx: training data and checkpoints
-  health    the gate: GPUs, ECC, row remapping, Xid, EFA against the catalog
+  packages  the training lock (torchao) from the bundle's wheels, layered on the DLAMI's PyTorch
+  health    the gate: GPUs, ECC, row remapping, Xid, EFA against the catalog, FP8 on every GPU
   jobuser   the unprivileged user jobs run as, in the GPU and EFA devices' groups, owning /scratch
   training  the training package importable in the DLAMI's PyTorch, and the job environment file
   monitor   the node health monitor's first round, then its systemd timer (monitor/service.py)
@@ -33,6 +34,7 @@ from node_bootstrap.cloudwatch import plan_logging
 from node_bootstrap.config import NodeConfig
 from node_bootstrap.deadline import DeadlineExceeded, Watchdog
 from node_bootstrap.errors import StepError
+from node_bootstrap.fp8_check import Fp8Probe
 from node_bootstrap.health import HealthGateFailed, plan_health
 from node_bootstrap.host import Host
 from node_bootstrap.imds import Imds, ImdsError, InstanceIdentity
@@ -40,6 +42,7 @@ from node_bootstrap.job_user import plan_job_user
 from node_bootstrap.lustre import plan_lustre
 from node_bootstrap.monitor.rounds import run_round
 from node_bootstrap.monitor.service import plan_monitor, require_healthy
+from node_bootstrap.packages import plan_packages
 from node_bootstrap.plan import StepPlan, execute_plan
 from node_bootstrap.readiness import build_reason, plan_ready, signal_failure
 from node_bootstrap.runner import CommandError, Runner
@@ -48,7 +51,7 @@ from node_bootstrap.training_env import plan_training
 
 LOG = logging.getLogger("node_bootstrap")
 
-STEPS = ("logging", "scratch", "lustre", "health", "jobuser", "training", "monitor", "signal")
+STEPS = ("logging", "scratch", "lustre", "packages", "health", "jobuser", "training", "monitor", "signal")
 SIGNALLED_MARKER = "/var/lib/cluster/bootstrap-signalled"  # user_data.sh reads it: do not signal again
 # Steps whose failure leaves the node usable: logged and reported, never a reason to replace a healthy P5.
 NONFATAL_STEPS = frozenset({"logging"})
@@ -96,7 +99,8 @@ def _planners(node: Node, warnings: list[str]) -> dict[str, Callable[[], StepPla
         "logging": lambda: plan_logging(c, h, r, sleep=node.sleep),
         "scratch": lambda: plan_scratch(c, h, r),
         "lustre": lambda: plan_lustre(c, h, r, sleep=node.sleep),
-        "health": lambda: plan_health(c.expected, c.instance_type, r),
+        "packages": lambda: plan_packages(c, h, r),
+        "health": lambda: plan_health(c.expected, c.instance_type, r, Fp8Probe.for_node(c, h)),
         "jobuser": lambda: plan_job_user(c, h, r),
         "training": lambda: plan_training(c, h, r),
         "monitor": lambda: plan_monitor(c, h, r, first_round=lambda: require_healthy(

@@ -22,6 +22,7 @@ from node_bootstrap.bootstrap import (
 )
 from node_bootstrap.config import DEFAULT_CONFIG_PATH, ConfigError, NodeConfig, load_node_config
 from node_bootstrap.deadline import Deadline
+from node_bootstrap.fp8_check import Fp8Probe
 from node_bootstrap.health import probe_commands, run_health_checks
 from node_bootstrap.host import Host
 from node_bootstrap.imds import Imds
@@ -122,7 +123,7 @@ def main(argv: Sequence[str] | None = None, *, make_runner: Callable[[bool], Run
         return EXIT_USAGE
     runner = make_runner(args.dry_run)
     if args.command == "check":
-        return _check(args, config, runner)
+        return _check(args, config, host, runner)
     if args.command == "monitor":
         return run_monitor(args, config, host, runner, imds or Imds(), sleep=sleep)
     return _run(args, config, host, runner, imds or Imds(), sleep)
@@ -149,13 +150,13 @@ def _run(args, config: NodeConfig, host: Host, runner: Runner, imds: Imds, sleep
     return run_bootstrap(node, steps)
 
 
-def _check(args, config: NodeConfig, runner: Runner) -> int:
+def _check(args, config: NodeConfig, host: Host, runner: Runner) -> int:
     if args.dry_run:
         print("check would run these read-only commands:")
-        for argv in probe_commands(runner):
+        for argv in probe_commands(runner, Fp8Probe.for_node(config, host)):
             print(f"  $ {shlex.join(argv)}")
         return EXIT_OK
-    report = run_health_checks(config.expected, config.instance_type, runner)
+    report = run_health_checks(config.expected, config.instance_type, runner, Fp8Probe.for_node(config, host))
     print(report.to_json() if args.json else report.format_table())
     return EXIT_OK if report.healthy else EXIT_FAILED
 

@@ -11,9 +11,12 @@ import json
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-DEFAULT_CONFIG_PATH = "/etc/cluster/node-config.json"
-SCHEMA_VERSION = 4  # must match cluster_constructs/node_config.py
+from node_bootstrap.package_lock import FP8_BACKEND_PACKAGES
 
+DEFAULT_CONFIG_PATH = "/etc/cluster/node-config.json"
+SCHEMA_VERSION = 5  # must match cluster_constructs/node_config.py
+
+FP8_BACKENDS = ("none", *FP8_BACKEND_PACKAGES)  # training.fp8Backends values
 MIN_MONITOR_INTERVAL_SECONDS = 10  # a round runs nvidia-smi, fi_info and the aws CLI: seconds of work
 
 T = TypeVar("T")
@@ -30,6 +33,7 @@ class ExpectedHardware:
     efa_interface_count: int  # EFA devices `fi_info -p efa` must list
     nvme_device_count: int  # instance-store NVMe devices
     nvswitch: bool  # GPUs joined by NVSwitches: NVIDIA Fabric Manager must run before CUDA works
+    fp8: bool  # FP8 tensor cores (H100, H200, B200; not A100): the health gate runs an FP8 matmul on each GPU
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,10 @@ class TrainingConfig:
     bundle_dir: str  # the unpacked bundle: node_bootstrap/, training/, cluster_constructs/
     env_file: str  # KEY=value lines that jobs source
     python: str  # the DLAMI's PyTorch interpreter
+    lock_file: str  # the training lock (training/node-requirements.txt in the bundle)
+    wheelhouse_dir: str  # the lock's wheels, in the bundle
+    packages_dir: str  # where the packages step installs the lock, one directory per lock and torch
+    fp8_backends: tuple[str, ...]  # fp8.backend values the lock provides ("none" first)
     jobs_dir: str
     job_log_dir: str
     checkpoint_root: str
@@ -158,6 +166,7 @@ def parse_node_config(data: Any) -> NodeConfig:
             efa_interface_count=expected.integer("efaInterfaceCount", minimum=0),
             nvme_device_count=expected.integer("nvmeDeviceCount", minimum=0),
             nvswitch=expected.boolean("nvswitch"),
+            fp8=expected.boolean("fp8"),
         ),
         scratch=ScratchConfig(
             mount_point=scratch.abs_path("mountPoint"),
@@ -181,6 +190,10 @@ def parse_node_config(data: Any) -> NodeConfig:
             bundle_dir=training.abs_path("bundleDir"),
             env_file=training.abs_path("envFile"),
             python=training.abs_path("python"),
+            lock_file=training.abs_path("lockFile"),
+            wheelhouse_dir=training.abs_path("wheelhouseDir"),
+            packages_dir=training.abs_path("packagesDir"),
+            fp8_backends=training.string_list("fp8Backends", allowed=FP8_BACKENDS),
             jobs_dir=training.abs_path("jobsDir"),
             job_log_dir=training.abs_path("jobLogDir"),
             checkpoint_root=training.abs_path("checkpointRoot"),
@@ -239,6 +252,14 @@ class _Reader:
             )
         return value
 
+    def string_list(self, key: str, *, allowed: tuple[str, ...]) -> tuple[str, ...]:
+        value = self._get(key, list)
+        wrong = [v for v in value if v not in allowed]
+        if wrong or len(set(value)) != len(value):
+            raise ConfigError(f"{self._prefix + key}={json.dumps(value)}: allowed: distinct values from "
+                              f"{', '.join(allowed)}")
+        return tuple(value)
+
     def boolean(self, key: str) -> bool:
         return self._get(key, bool)
 
@@ -254,7 +275,8 @@ class _Reader:
         return value
 
 
-_TYPE_NAMES = {str: "a string", int: "an integer", bool: "true or false", dict: "a JSON object"}
+_TYPE_NAMES = {str: "a string", int: "an integer", bool: "true or false", dict: "a JSON object",
+               list: "a JSON array"}
 
 
 def _json_type(value: Any) -> str:

@@ -4,6 +4,7 @@ Checks, each ok / warn / fail (only a fail makes the node unhealthy):
 - gpu-count: nvidia-smi lists the catalog's GPU count;  gpu-memory: each GPU has the catalog's memory;
 - gpu-ecc: no uncorrectable ECC errors since the driver loaded; gpu-row-remap: no pending or failed row remap;
 - fabric-manager, cuda-init, dcgm-diag: what breaks every job while nvidia-smi looks fine (gpu_runtime.py);
+- fp8: the jobs' interpreter imports the node's FP8 backends and runs an FP8 matmul on every GPU (fp8_check.py);
 - xid: no Xid whose verdict in xid.py is reset or replace (application and watch Xids only warn), from the
   journal or, when it is empty, the kernel ring buffer (kernel_log.py), the source named in the detail;
 - efa: `fi_info -p efa` lists the catalog's EFA device count.
@@ -19,6 +20,7 @@ from node_bootstrap.checks import FAIL, OK, WARN, Check
 from node_bootstrap.config import ExpectedHardware
 from node_bootstrap.efa import FI_INFO_ARGS, efa_rdm_domains
 from node_bootstrap.errors import StepError
+from node_bootstrap.fp8_check import Fp8Probe, check_fp8
 from node_bootstrap.gpu import (
     GPU_QUERY,
     REMAP_QUERY,
@@ -82,19 +84,23 @@ class HealthGateFailed(StepError):
         self.report = report
 
 
-def probe_commands(runner: Runner) -> list[tuple[str, ...]]:
+def probe_commands(runner: Runner, fp8: Fp8Probe) -> list[tuple[str, ...]]:
     """The read-only commands the checks run, for `check --dry-run`."""
     fi_info = (_fi_info(runner) or "fi_info",) + FI_INFO_ARGS
     return [GPU_QUERY, REMAP_QUERY, gpu_runtime.fabric_manager_command(), gpu_runtime.cuda_probe_command(),
-            gpu_runtime.DCGM_DIAG, kernel_log_command(runner), fi_info]
+            fp8.command(), gpu_runtime.DCGM_DIAG, kernel_log_command(runner), fi_info]
 
 
-def run_health_checks(expected: ExpectedHardware, instance_type: str, runner: Runner) -> HealthReport:
+def run_health_checks(expected: ExpectedHardware, instance_type: str, runner: Runner,
+                      fp8: Fp8Probe) -> HealthReport:
     checks: list[Check] = []
     gpus = _gpu_state_checks(expected, runner, checks)
     checks.append(gpu_runtime.check_fabric_manager(expected, runner))
     if gpus is not None:  # without a working driver there is nothing to make a context on
-        checks.append(gpu_runtime.check_cuda(expected, runner))
+        cuda = gpu_runtime.check_cuda(expected, runner)
+        checks.append(cuda)
+        if cuda.status != FAIL:  # no FP8 without a CUDA context: one failure, named once
+            checks.append(check_fp8(expected, fp8, runner))
         checks.append(gpu_runtime.check_dcgm(runner))
     events = _check_xids(runner, checks)
     checks.append(efa_check(expected, runner))
@@ -122,9 +128,9 @@ def efa_check(expected: ExpectedHardware, runner: Runner) -> Check:
     return checks[0]
 
 
-def plan_health(expected: ExpectedHardware, instance_type: str, runner: Runner) -> StepPlan:
+def plan_health(expected: ExpectedHardware, instance_type: str, runner: Runner, fp8: Fp8Probe) -> StepPlan:
     """The gate: raises HealthGateFailed (naming every failed check) when the node is unhealthy."""
-    report = run_health_checks(expected, instance_type, runner)
+    report = run_health_checks(expected, instance_type, runner, fp8)
     plan = StepPlan("health")
     for check in report.checks:
         plan.note(f"{check.status.upper()} {check.name}: {check.detail}")

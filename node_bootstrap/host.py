@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 
 LOG = logging.getLogger("node_bootstrap")
 
@@ -96,6 +97,22 @@ class Host:
         self._record(f"remove {node_path}")
         if not self.dry_run:
             os.remove(self.path(node_path))
+
+    def remove_tree(self, node_path: str) -> bool:
+        """Remove a directory and all it holds (only ever one node_bootstrap created); False when absent."""
+        path = self.path(node_path)
+        if not os.path.lexists(path):
+            return False
+        self._record(f"remove {node_path}")
+        if not self.dry_run:
+            shutil.rmtree(path)
+        return True
+
+    def rename(self, node_path: str, new_node_path: str) -> None:
+        """Rename within one file system: atomic, so `new_node_path` never holds a partial copy."""
+        self._record(f"rename {node_path} -> {new_node_path}")
+        if not self.dry_run:
+            os.rename(self.path(node_path), self.path(new_node_path))
 
     def _record(self, change: str) -> None:
         self.changes.append(change)

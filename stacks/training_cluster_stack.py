@@ -17,7 +17,7 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
-from cluster_constructs.bundle import REPO_ROOT, stage_bundle, stage_keeper_code
+from cluster_constructs.bundle import REPO_ROOT, read_lock, stage_bundle, stage_keeper_code
 from cluster_constructs.capacity import CapacityTarget
 from cluster_constructs.compute import NodeGroup
 from cluster_constructs.dashboard import ClusterDashboard
@@ -79,6 +79,9 @@ class TrainingClusterStack(Stack):
         # asset into cdk.out as the Asset is constructed, so the directory can go right after.
         with tempfile.TemporaryDirectory(prefix="node-bundle-") as staging:
             bundle = s3_assets.Asset(self, "NodeBundle", path=str(stage_bundle(Path(staging) / "bundle")))
+        # What the nodes can run: the FP8 backends the bundle's training lock installs (clusterctl submit
+        # refuses a config that asks for another).
+        fp8_backends = read_lock().fp8_backends()
         node_config = render_node_config(
             stack_name=construct_id,
             region=settings.region,
@@ -91,6 +94,7 @@ class TrainingClusterStack(Stack):
             bootstrap=settings.bootstrap,
             auto_scaling_group_name=group_name,
             health=settings.health,
+            fp8_backends=fp8_backends,
         )
         user_data = ec2.UserData.custom(
             render_user_data(
@@ -214,6 +218,7 @@ class TrainingClusterStack(Stack):
             "InstanceType": compute.instance_type.name,
             "NodeCount": str(compute.node_count),
             "CapacityMode": capacity_settings.mode.value,
+            "Fp8Backends": ",".join(fp8_backends),
         }
         if capacity.reservation_id:
             outputs["CapacityReservationId"] = capacity.reservation_id

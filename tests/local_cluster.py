@@ -223,6 +223,7 @@ class LocalCluster:
             "JobTableName": TABLE,
             "MaxJobRestarts": str(self.max_job_restarts),
             "CheckpointRoot": CHECKPOINT_ROOT,
+            "Fp8Backends": "none,torchao",
         }
         template = {
             "Resources": {"Logs": {"Type": "AWS::Logs::LogGroup", "Properties": {"LogGroupName": LOG_GROUP}}},

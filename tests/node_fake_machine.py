@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from node_fake_python import FakeAmiPython
 from node_fakes import INSTANCE_ID, REGION, SITE_PACKAGES, FakeGroup, FakeRunner, fixture_text
 
 from node_bootstrap.host import Host
@@ -57,9 +58,14 @@ class FakeNode:
     cuda_probe: dict = field(default_factory=lambda: {  # what node_bootstrap.cuda_probe prints on a good P5
         "ok": True, "error": None, "count": 8,
         "devices": [{"index": i, "ok": True, "error": None} for i in range(8)]})
+    ami_python: FakeAmiPython = None  # the DLAMI's interpreter (node_fake_python.py); set in __post_init__
     # `stat` answers: node path -> (permission bits, uid, gid); what is not listed is 0755 root:root, and
     # every GPU and EFA device node 0666 root:root (the NVIDIA driver's default) unless listed
     stats: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.ami_python is None:
+            self.ami_python = FakeAmiPython(path=self.path)
 
     # ----- building the machine -----
     def path(self, node_path: str) -> str:
@@ -323,6 +329,9 @@ class FakeNode:
     def python(self, argv):
         if argv[1:3] == ["-m", "node_bootstrap.cuda_probe"]:
             return (0 if self.cuda_probe["ok"] else 1), json.dumps(self.cuda_probe) + "\n"
+        answer = self.ami_python.answer(argv)
+        if answer is not None:
+            return answer
         code = argv[2]
         if "sysconfig" in code:
             return 0, SITE_PACKAGES + "\n"

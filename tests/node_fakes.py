@@ -31,12 +31,12 @@ def node_config_dict(**overrides) -> dict:
     """The node config the stack renders for p5.48xlarge (docs/architecture.md section 2)."""
     log_group = "/training-cluster/TrainingClusterStack"
     config = {
-        "schemaVersion": 4,
+        "schemaVersion": 5,
         "stackName": "TrainingClusterStack",
         "region": REGION,
         "instanceType": "p5.48xlarge",
         "expected": {"gpuCount": 8, "gpuMemoryGiB": 80, "efaInterfaceCount": 32, "nvmeDeviceCount": 8,
-                     "nvswitch": True},
+                     "nvswitch": True, "fp8": True},
         "scratch": {"mountPoint": "/scratch", "dlamiMountPoint": "/opt/dlami/nvme"},
         "lustre": {"dnsName": "fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com", "mountName": "abcdefgh",
                    "mountPoint": "/fsx", "efaEnabled": False},
@@ -45,7 +45,11 @@ def node_config_dict(**overrides) -> dict:
         "cloudwatchAgent": render_agent_config(log_group_name=log_group, interval_seconds=60,
                                                disk_mount_points=("/", "/scratch", "/opt/dlami/nvme", "/fsx")),
         "training": {"bundleDir": "/opt/cluster/bundle", "envFile": "/etc/cluster/training.env",
-                     "python": "/opt/pytorch/bin/python", "jobsDir": "/var/lib/cluster/jobs",
+                     "python": "/opt/pytorch/bin/python",
+                     "lockFile": "/opt/cluster/bundle/training/node-requirements.txt",
+                     "wheelhouseDir": "/opt/cluster/bundle/wheelhouse",
+                     "packagesDir": "/opt/cluster/python-packages", "fp8Backends": ["none", "torchao"],
+                     "jobsDir": "/var/lib/cluster/jobs",
                      "jobLogDir": "/var/log/cluster/jobs", "checkpointRoot": "/fsx/checkpoints",
                      "dataRoot": "/fsx/data", "rendezvousPort": 29400, "jobHangTimeoutSeconds": 1800,
                      "jobStartTimeoutSeconds": 3600},

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("clusterctl", "node_bootstrap", "stacks", "training", "cluster_constructs")
+PACKAGES = ("clusterctl", "node_bootstrap", "stacks", "training", "cluster_constructs", "cluster_aws", "cluster_jobs",
+            "cluster_spec", "instance_catalog", "job_keeper")
 
 
 def _anchored_literal(node: ast.AST) -> bool:

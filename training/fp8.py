@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import importlib.metadata
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
@@ -27,6 +28,7 @@ from training.errors import ConfigError
 
 TE_MIN_VERSION = (2, 16)  # the first Transformer Engine release whose modules work under FSDP2
 TE_INSTALL = 'pip install --no-build-isolation "transformer_engine[pytorch]>=2.16"'
+ON_THE_NODES = "the training lock training/node-requirements.txt says what they install; README, 'FP8 on the nodes'"
 # Transformer Engine combinations (te_recipe, feature) that a GPU run has checked end to end with FSDP2
 # (benchmarks/te_checkpoint_check.py, results in docs/benchmarks.md). TE cannot be installed without CUDA, so
 # the CPU tests cannot; every combination a run uses that is not listed is named at start-up.
@@ -187,6 +189,21 @@ def build_fp8_backend(cfg: Fp8Config) -> Fp8Backend:
     return NoFp8()
 
 
+def describe_fp8(cfg: Fp8Config) -> str:
+    """One line for the trainer's first log lines: the backend, its recipe and the package version it runs."""
+    if cfg.backend == "none":
+        return "none (bf16 matmuls)"
+    dist = {"torchao": "torchao", "te": "transformer_engine"}[cfg.backend]
+    try:
+        version = importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        version = "not installed"
+    if cfg.backend == "torchao":
+        recipe = cfg.torchao_recipe + (", emulate" if cfg.emulate else "")
+        return f"torchao {version} ({recipe})"
+    return f"Transformer Engine {version} ({cfg.te_recipe} scaling)"
+
+
 def apply_linear_swap(model: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> list[str]:
     """Replace every fp8_eligible nn.Linear with ``make(linear)``; returns the swapped FQNs."""
     swapped = []
@@ -206,7 +223,7 @@ def import_transformer_engine() -> Any:
     except ImportError as exc:  # also OSError-free ImportErrors from a TE built against another torch
         raise ConfigError(
             f"fp8.backend='te': Transformer Engine is not importable ({exc}); install it with: {TE_INSTALL} "
-            "(or set fp8.backend to torchao or none)"
+            f"(on the cluster's nodes: {ON_THE_NODES}), or set fp8.backend to torchao or none"
         ) from exc
     version = _version_tuple(getattr(transformer_engine, "__version__", "0"))
     if version < TE_MIN_VERSION:
@@ -223,7 +240,7 @@ def _import_torchao_float8() -> Any:
     except ImportError as exc:
         raise ConfigError(
             f"fp8.backend='torchao': torchao is not importable ({exc}); install it with: pip install torchao "
-            "(or set fp8.backend to te or none)"
+            f"(on the cluster's nodes: {ON_THE_NODES}), or set fp8.backend to te or none"
         ) from exc
     return float8
 

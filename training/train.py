@@ -29,7 +29,7 @@ from training.config import TrainConfig
 from training.data import Batch, Prefetcher, build_batch_source
 from training.errors import ConfigError
 from training.faults import StopRequest
-from training.fp8 import Fp8Backend, build_fp8_backend, te_unverified_combinations
+from training.fp8 import Fp8Backend, build_fp8_backend, describe_fp8, te_unverified_combinations
 from training.hardware import peak_bf16_tflops_per_gpu
 from training.loss import cross_entropy_loss
 from training.metrics import MetricsLogger, ThroughputModel, log_resume
@@ -90,6 +90,8 @@ def _build_and_train(cfg: TrainConfig, resume: str, stop: StopRequest) -> TrainR
 def _train_in_group(cfg: TrainConfig, resume: str, stop: StopRequest, dist_info: DistInfo) -> TrainResult:
     device = dist_info.device
     log.info("rank %d/%d pid %d device %s", dist_info.rank, dist_info.world_size, os.getpid(), device)
+    if dist_info.is_main:  # what this run computes with, before anything is built
+        log.info("torch %s; fp8: %s", torch.__version__, describe_fp8(cfg.fp8))
 
     # 2-8) the model, built in the one order (build_model)
     fp8 = build_fp8_backend(cfg.fp8)

@@ -44,8 +44,6 @@ def quota(args: argparse.Namespace, runtime: Runtime) -> int:
     return EXIT_OK if report.fits else EXIT_FAILED
 
 
-
-
 def capacity_purchase(args: argparse.Namespace, runtime: Runtime) -> int:
     assert runtime.context is not None
     if not args.yes:

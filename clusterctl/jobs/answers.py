@@ -80,7 +80,6 @@ def query_from_history(
     )
 
 
-
 def ask(
     runtime: Runtime,
     outputs: stack.StackOutputs,
@@ -105,7 +104,6 @@ def ask(
     )
     order = {instance_id: i for i, instance_id in enumerate(instance_ids)}
     return sorted(states, key=lambda s: order.get(s.instance_id, len(order)))
-
 
 
 def copy_answers(

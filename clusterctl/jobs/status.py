@@ -76,7 +76,6 @@ def status(args: argparse.Namespace, runtime: Runtime) -> int:
     return _status_exit(args, runtime, states)
 
 
-
 def _status_exit(args: argparse.Namespace, runtime: Runtime, states: list[NodeJobState]) -> int:
     on_tcp = nodes_on_tcp(states)
     if on_tcp:

@@ -29,16 +29,6 @@ if TYPE_CHECKING:
     from clusterctl.runtime import Runtime
 
 
-
-
-
-
-
-
-
-
-
-
 def submit(args: argparse.Namespace, runtime: Runtime) -> int:
     return _submit(args, runtime, node_jobs.TRAINING_MODULE, args.config, tuple(args.overrides), args.resume_from)
 
@@ -80,6 +70,7 @@ def _submit(
         resume_from=resume_from,
     )
     request.validate()  # before any node is looked at
+    fp8_backend = request.require_fp8_backend(outputs.fp8_backends, outputs.stack_name)  # the nodes have it
     table = require_job_table(outputs, runtime, "not submitted")
     config_text = job_records.read_config_text(request.config)
     _refuse_while_active(table)  # before the nodes: a restarting job's nodes are not ready, and that is why
@@ -100,6 +91,7 @@ def _submit(
         config_text=config_text,
         attempt=job_records.new_attempt(1, selected, now),
         now=now,
+        fp8_backend=fp8_backend,
     )
     _create(table, record)  # the record and the lock, before any node is touched
     if request.config.startswith("/"):

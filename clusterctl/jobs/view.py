@@ -43,6 +43,8 @@ def format_record(record: JobRecord) -> str:
         lines.append(f"reason: {record.reason}")
     if record.checkpoint_dir:
         lines.append(f"checkpoints: {record.checkpoint_dir}")
+    if record.fp8_backend:
+        lines.append(f"fp8 backend: {record.fp8_backend}")
     rows = [
         (
             a.number,

@@ -80,8 +80,6 @@ def _positive_int(text: str) -> int:
     return value
 
 
-
-
 def _fraction(text: str) -> float:
     value = positive_float(text)
     if value > 1:

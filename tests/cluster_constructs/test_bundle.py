@@ -188,3 +188,34 @@ def test_shipped_files_are_sources_only():
     assert "node_bootstrap/__main__.py" in files and "training/__main__.py" in files
     assert {f.split("/")[0] for f in files} == {"instance_catalog", "node_bootstrap", "training"}
     assert "instance_catalog/instance_types.py" in files  # training's MFU reads the GPU peak from it
+
+
+# --- the training lock's wheels -----------------------------------------------------------------------------
+
+
+def test_the_node_bundle_carries_exactly_the_locked_wheels(tmp_path):
+    wheelhouse = tmp_path / "wheelhouse"
+    shutil.copytree(REPO_ROOT / "build" / "wheelhouse", wheelhouse)
+    (wheelhouse / "torchao-0.17.0-cp310-abi3-manylinux_2_28_x86_64.whl").write_bytes(b"an older download")
+    (wheelhouse / "six-1.16.0-py2.py3-none-any.whl").write_bytes(b"not in the lock")
+    staged = stage_bundle(tmp_path / "bundle", wheelhouse=wheelhouse)
+    assert sorted(p.name for p in (staged / "wheelhouse").iterdir()) == [
+        "torchao-0.18.0-cp310-abi3-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl"]
+    assert (staged / "training" / "node-requirements.txt").exists()  # the lock itself, beside the trainer
+    assert not (stage_keeper_code(tmp_path / "keeper") / "wheelhouse").exists()
+
+
+def test_a_missing_or_different_wheel_stops_the_synthesis(tmp_path):
+    from node_bootstrap.package_lock import LockError
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(LockError, match=rf"^torchao==0\.18\.0: no wheel in {empty}: run `make setup`: it "
+                                        r"downloads the wheels training/node-requirements\.txt pins into "):
+        stage_bundle(tmp_path / "a", wheelhouse=empty)
+    tampered = tmp_path / "tampered"
+    shutil.copytree(REPO_ROOT / "build" / "wheelhouse", tampered)
+    [wheel] = tampered.glob("*.whl")
+    wheel.write_bytes(wheel.read_bytes() + b"\0")
+    with pytest.raises(LockError, match=r"^torchao==0\.18\.0: hash mismatch: torchao-0\.18\.0-.*\.whl has sha256 "):
+        stage_bundle(tmp_path / "b", wheelhouse=tampered)

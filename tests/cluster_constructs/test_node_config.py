@@ -26,6 +26,7 @@ def _rendered(**overrides) -> dict:
         bootstrap=settings.bootstrap,
         auto_scaling_group_name="TrainingClusterStack-nodes",
         health=settings.health,
+        fp8_backends=["none", "torchao"],
     )
 
 
@@ -42,6 +43,7 @@ def test_expected_counts_come_from_the_catalog():
         "efaInterfaceCount": 16,
         "nvmeDeviceCount": 8,
         "nvswitch": True,
+        "fp8": True,
     }
     assert config["lustre"]["efaEnabled"] is True
     assert config["scratch"]["mountPoint"] == "/local"

@@ -147,9 +147,11 @@ def end_job(job_id, state="succeeded", reason=None):
 
 
 def deploy_fake_cluster(nodes=3, instance_type="p5.48xlarge", capacity_mode="on-demand", bootstrap="ready",
-                        job_table=True, checkpoint_root="/fsx/checkpoints", extra_outputs=None):
+                        job_table=True, checkpoint_root="/fsx/checkpoints", extra_outputs=None,
+                        fp8_backends="none,torchao"):
     """The stack and its nodes; job_table=False: a stack deployed before the job table (no JobTableName and
-    MaxJobRestarts outputs, no table); checkpoint_root=None: one deployed before the CheckpointRoot output."""
+    MaxJobRestarts outputs, no table); checkpoint_root=None: one deployed before the CheckpointRoot output;
+    fp8_backends=None: one deployed before the Fp8Backends output."""
     ec2 = boto3.client("ec2", region_name=REGION)
     vpc = ec2.create_vpc(CidrBlock="10.42.0.0/16")["Vpc"]["VpcId"]
     subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.42.1.0/24", AvailabilityZone="us-east-1a")["Subnet"]
@@ -184,6 +186,8 @@ def deploy_fake_cluster(nodes=3, instance_type="p5.48xlarge", capacity_mode="on-
     }
     if checkpoint_root is not None:
         outputs["CheckpointRoot"] = checkpoint_root
+    if fp8_backends is not None:
+        outputs["Fp8Backends"] = fp8_backends
     if job_table:
         outputs["JobTableName"] = create_job_table()
         outputs["MaxJobRestarts"] = str(MAX_JOB_RESTARTS)

@@ -39,8 +39,6 @@ def regions(cli):
         stubber.deactivate()
 
 
-
-
 def all_at_once(stubbers, operation, parties):
     """Each stubbed call waits until `parties` calls are in flight together: sequential calls would time out."""
     barrier = threading.Barrier(parties, timeout=10)

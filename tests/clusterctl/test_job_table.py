@@ -157,6 +157,7 @@ def test_every_field_survives_the_round_trip(table):
         ended_at="2026-11-21T01:00:00Z",
         reason="node i-b terminated",
         cancel_requested_by="clusterctl cancel",
+        fp8_backend="torchao",
     )
     assert all(getattr(full, f.name) != getattr(record(), f.name)
                for f in dataclasses.fields(JobRecord) if f.name not in ("job_id", "created_at", "version"))

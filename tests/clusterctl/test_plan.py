@@ -113,11 +113,11 @@ def test_too_few_nodes_does_not_fit_and_says_how_many():
 
 def test_measured_mfu_wins_over_the_default_and_is_converted_for_activation_checkpointing(no_measurements):
     no_measurements.write_text(json.dumps({"measurements": [
-        measurement(preset="1b", gpu="H100", fp8_backend="te", fp8_recipe="delayed", mfu=0.52),
+        measurement(preset="1b", gpu="H100", fp8_backend="torchao", fp8_recipe="tensorwise", mfu=0.52),
         measurement(preset="1b", gpu="A100", fp8_backend="none", mfu=0.45, activation_checkpointing=True),
-        measurement(preset="1b", gpu="H100", fp8_backend="te", fp8_recipe="delayed", mfu=0.47, seq_len=2048,
+        measurement(preset="1b", gpu="H100", fp8_backend="torchao", fp8_recipe="tensorwise", mfu=0.47, seq_len=2048,
                     date="2026-12-01"),
-        measurement(preset="1b", gpu="H100", fp8_backend="te", fp8_recipe="current", mfu=0.61),  # not the recipe
+        measurement(preset="1b", gpu="H100", fp8_backend="torchao", fp8_recipe="rowwise", mfu=0.61),  # not the recipe
     ]}))
     measured = clusterctl.plan.mfu.load_measurements()
     p5 = plan_option(load_workload("1b"), P5, 50e9, measurements=measured)
@@ -129,8 +129,8 @@ def test_measured_mfu_wins_over_the_default_and_is_converted_for_activation_chec
     # with more nodes the A100 plan could drop AC, and the same figure is worth 4/3 without recomputation
     assert p4d.mfu.at(False) == pytest.approx(0.60)
     # a custom model (no preset) never takes a preset's measurement
-    query = clusterctl.plan.mfu.MfuQuery(preset="", gpu="H100", fp8_backend="te", fp8_recipe="delayed", seq_len=4096,
-                                    compile=False, micro_batch_size=4)
+    query = clusterctl.plan.mfu.MfuQuery(preset="", gpu="H100", fp8_backend="torchao", fp8_recipe="tensorwise",
+                                         seq_len=4096, compile=False, micro_batch_size=4)
     assert clusterctl.plan.mfu.choose_mfu(override=None, query=query, measurements=measured).source == "default"
 
 
@@ -178,14 +178,14 @@ def test_plan_prints_the_table_ranking_and_the_commands_of_the_cheapest(cli):
     assert lines[1].split()[:6] == ["TYPE", "GPUS", "FP8", "FITS", "FROM", "NODES"]
     p4d_row, p5_row = lines[2].split(), lines[3].split()
     assert p4d_row[:6] == ["p4d.24xlarge", "8xA100", "40G", "no", "1", "(AC)"]
-    assert p5_row[:7] == ["p5.48xlarge", "8xH100", "80G", "te", "1", "(AC),", "2"]
-    assert any(line.startswith("MFU H100 fp8 te: 0.40 default (no measured figure for llama3-8b on H100 with "
-                               "fp8 te delayed in benchmarks/mfu.json") for line in lines)
+    assert p5_row[:7] == ["p5.48xlarge", "8xH100", "80G", "torchao", "1", "(AC),", "2"]
+    assert any(line.startswith("MFU H100 fp8 torchao: 0.40 default (no measured figure for llama3-8b on H100 "
+                               "with fp8 torchao tensorwise in benchmarks/mfu.json") for line in lines)
     assert "by cost: p5.48xlarge $37,304, p4d.24xlarge $47,179" in lines
     assert "chosen (cheapest): p5.48xlarge x 1; check the quota, deploy, then run:" in lines
     assert "  clusterctl quota --instance-type p5.48xlarge --nodes 1" in lines
     assert "  npx cdk deploy TrainingClusterStack -c instanceType=p5.48xlarge -c nodeCount=1" in lines
-    # 100e9 tokens / (8192 x 1 x 8 GPUs) = 1,525,878.9 -> 1,525,879 steps; the config already has AC and te
+    # 100e9 tokens / (8192 x 1 x 8 GPUs) = 1,525,878.9 -> 1,525,879 steps; the config already has AC and torchao
     assert "  clusterctl submit --config training/configs/llama3-8b.toml --nodes 1 --set run.steps=1525879" in lines
 
 
@@ -195,7 +195,7 @@ def test_the_overrides_make_the_config_run_what_was_planned(cli):
     assert result.code == EXIT_OK, result.err
     (submit,) = [line for line in result.lines if line.startswith("  clusterctl submit ")]
     # 10e9 / (2048 x 2 x 64 GPUs) = 38,146.97 -> 38,147 steps; at 8 nodes of A100s it fits without AC (the
-    # config has it on) and runs bf16 (the config says te)
+    # config has it on) and runs bf16 (the config says torchao)
     assert submit == ("  clusterctl submit --config training/configs/llama3-8b.toml --nodes 8 --set run.steps=38147 "
                       "--set run.seq_len=2048 --set run.micro_batch_size=2 "
                       "--set parallel.activation_checkpointing=false --set fp8.backend=none")
@@ -208,7 +208,7 @@ def test_plan_json_has_every_figure(cli):
     (option,) = report["options"]
     assert option["instanceType"] == "p5.48xlarge" and option["viable"] is True
     assert option["nodes"] == 1 and option["gpus"] == 8 and option["activationCheckpointing"] is False
-    assert option["fp8Available"] is True and option["fp8Backend"] == "te"
+    assert option["fp8Available"] is True and option["fp8Backend"] == "torchao"
     assert option["mfu"] == 0.4 and option["mfuSource"] == "default"
     assert option["onDemandUsd"] == pytest.approx(2180.0, abs=0.1)
     assert option["memoryPerGpu"]["usableGiB"] == 73.0
@@ -233,7 +233,7 @@ def test_explain_shows_the_memory_flops_time_and_cost_arithmetic(cli):
 
 def test_mfu_override_is_said(cli):
     result = cli("plan", "--model", "1b", "--tokens", "50B", "--instance-types", "p5.48xlarge", "--mfu", "0.5")
-    assert "MFU H100 fp8 te: 0.50 from --mfu (without activation checkpointing)" in result.lines
+    assert "MFU H100 fp8 torchao: 0.50 from --mfu (without activation checkpointing)" in result.lines
 
 
 def test_nothing_fits_exits_1_and_says_what_to_try(cli):

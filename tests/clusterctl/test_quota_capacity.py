@@ -94,8 +94,6 @@ def ec2_stub(cli):
         stubber.assert_no_pending_responses()
 
 
-
-
 def test_offerings_are_listed_cheapest_first_with_price(cli, ec2_stub):
     ec2_stub.add_response(
         "describe_capacity_block_offerings",

@@ -47,6 +47,7 @@ def test_submit_writes_the_record_before_any_node_is_touched(at_now, sent, clust
         created_at="2026-11-20T23:15:02Z",
         updated_at="2026-11-20T23:15:02Z",
         attempts=[Attempt(1, cluster.instance_ids, cluster.private_ips[0], "2026-11-20T23:15:02Z")],
+        fp8_backend="none",  # what tiny-cpu.toml runs; `clusterctl status` shows it
         version=1,
     )
     (command,) = sent

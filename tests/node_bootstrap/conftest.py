@@ -31,6 +31,10 @@ from node_bootstrap import jobs
 from node_bootstrap.cli import main
 from node_bootstrap.config import parse_node_config
 
+REPO = Path(__file__).resolve().parents[2]
+NODE_LOCK = "training/node-requirements.txt"
+WHEELHOUSE = REPO / "build" / "wheelhouse"  # cluster_constructs/bundle.py WHEELHOUSE: `make setup` fills it
+
 
 def build_fake_node(root: Path, *, dry_run: bool = False, instance_store: int = 8, dlami: bool = False,
                     print_fn=print) -> FakeNode:
@@ -53,6 +57,12 @@ def build_fake_node(root: Path, *, dry_run: bool = False, instance_store: int = 
     # The bundle user-data unpacked, and the DLAMI's PyTorch interpreter.
     node.write("/opt/cluster/bundle/training/__init__.py", "")
     node.write("/opt/cluster/bundle/node_bootstrap/__init__.py", "")
+    # ... with the training lock and its wheels (make setup downloads them; linked, not copied: 3 MB).
+    node.write("/opt/cluster/bundle/training/node-requirements.txt", (REPO / NODE_LOCK).read_text())
+    wheelhouse = Path(node.path("/opt/cluster/bundle/wheelhouse"))
+    wheelhouse.mkdir(parents=True)
+    for wheel in WHEELHOUSE.glob("*.whl"):
+        (wheelhouse / wheel.name).symlink_to(wheel)
     node.write("/opt/pytorch/bin/python", "#!/bin/sh\n")
     node.write("/etc/cluster/node-config.json", json.dumps(node_config_dict(), indent=2))
     Path(node.path("/fsx")).mkdir()

@@ -22,7 +22,7 @@ def test_run_brings_a_fresh_node_to_ready_and_logs_every_step(fake_node, kit, ca
     assert fake_node.tags == {"cluster:bootstrap": "ready"}
     assert fake_node.health_status == "Healthy"
     log = (fake_node.root / "var/log/cluster/bootstrap.log").read_text()
-    for step in ("logging", "scratch", "lustre", "health", "jobuser", "training", "monitor", "signal"):
+    for step in ("logging", "scratch", "lustre", "packages", "health", "jobuser", "training", "monitor", "signal"):
         assert f"INFO == {step}\n" in log
     assert "bootstrap complete: node is ready" in log
     assert "bootstrap complete: node is ready" in capsys.readouterr().out  # and on stdout for cloud-init
@@ -63,6 +63,17 @@ def test_a_step_error_is_signalled_with_its_step_and_reason(fake_node, kit):
     assert run_main(fake_node, kit, "run") == 3
     reason = fake_node.tags["cluster:bootstrap-reason"]
     assert reason.startswith("lustre: mounting FSx for Lustre failed 5 times")
+
+
+def test_a_lock_the_node_cannot_satisfy_fails_it_with_the_package_and_the_reason(fake_node, kit):
+    [wheel] = (fake_node.root / "opt/cluster/bundle/wheelhouse").iterdir()
+    wheel.unlink()
+    assert run_main(fake_node, kit, "run") == 3
+    assert fake_node.tags["cluster:bootstrap"] == "failed" and fake_node.health_status == "Unhealthy"
+    assert fake_node.tags["cluster:bootstrap-reason"] == (
+        "packages: torchao==0.18.0: no wheel in /opt/cluster/bundle/wheelhouse: the bundle was built without it "
+        "(run `make setup` before `cdk deploy`)")
+    assert not (fake_node.root / "opt/cluster/python-packages").exists()  # nothing half-installed for jobs
 
 
 def test_an_unexpected_bug_still_fails_visibly(fake_node, kit):

@@ -36,7 +36,7 @@ def test_the_documented_example_loads(kit, tmp_path):
      "scratch.mountPoint='scratch' must be an absolute path"),
     (lambda c: c.update(region=""), "region must be a non-empty string"),
     (lambda c: c.update(schemaVersion=3),
-     "schemaVersion=3 is not supported by this node_bootstrap; allowed: 4"),
+     "schemaVersion=3 is not supported by this node_bootstrap; allowed: 5"),
     (lambda c: c["metrics"].update(intervalSeconds=0),
      "metrics.intervalSeconds=0 is out of range; allowed: an integer from 1 to 3600"),
     (lambda c: c["cloudwatchAgent"].pop("logs"), "missing key cloudwatchAgent.logs in the node config"),

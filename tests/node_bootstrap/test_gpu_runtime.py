@@ -9,14 +9,20 @@ import json
 import pytest
 
 from node_bootstrap import cuda_probe
+from node_bootstrap.fp8_check import Fp8Probe
 from node_bootstrap.gpu_runtime import parse_dcgm_diag
 from node_bootstrap.health import FAIL, OK, WARN, HealthGateFailed, plan_health, run_health_checks
 
 NOT_READY = ("cuDevicePrimaryCtxRetain: CUDA_ERROR_SYSTEM_NOT_READY (802)")
 
 
+def _fp8(node, config):
+    return Fp8Probe.for_node(config, node.host())
+
+
 def checks_of(node, config):
-    return {c.name: c for c in run_health_checks(config.expected, config.instance_type, node.runner).checks}
+    report = run_health_checks(config.expected, config.instance_type, node.runner, _fp8(node, config))
+    return {c.name: c for c in report.checks}
 
 
 def test_fabric_manager_down_makes_the_node_unhealthy(fake_node, config):
@@ -26,14 +32,15 @@ def test_fabric_manager_down_makes_the_node_unhealthy(fake_node, config):
         "nvidia-fabricmanager is failed: on NVSwitch GPUs every CUDA job fails with error 802 (system not ready) "
         "until it runs; see `systemctl status nvidia-fabricmanager`"))
     with pytest.raises(HealthGateFailed, match="fabric-manager: nvidia-fabricmanager is failed"):
-        plan_health(config.expected, config.instance_type, fake_node.runner)
+        plan_health(config.expected, config.instance_type, fake_node.runner, _fp8(fake_node, config))
     assert "systemctl is-active nvidia-fabricmanager" in fake_node.runner.commands(mutating=False)
 
 
 def test_fabric_manager_is_not_asked_for_without_nvswitch(fake_node, kit):
     from node_bootstrap.config import parse_node_config
 
-    expected = {"gpuCount": 8, "gpuMemoryGiB": 80, "efaInterfaceCount": 32, "nvmeDeviceCount": 8, "nvswitch": False}
+    expected = {"gpuCount": 8, "gpuMemoryGiB": 80, "efaInterfaceCount": 32, "nvmeDeviceCount": 8, "nvswitch": False,
+                "fp8": True}
     config = parse_node_config(kit.node_config_dict(expected=expected))
     fake_node.units["nvidia-fabricmanager"] = "inactive"
     assert checks_of(fake_node, config)["fabric-manager"].status == OK

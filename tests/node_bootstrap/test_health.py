@@ -7,13 +7,18 @@ import json
 import pytest
 
 from node_bootstrap.efa import efa_rdm_domains
+from node_bootstrap.fp8_check import Fp8Probe
 from node_bootstrap.gpu import GpuQueryError, parse_gpu_query, parse_remapped_rows
 from node_bootstrap.health import FAIL, OK, WARN, HealthGateFailed, plan_health, run_health_checks
 from node_bootstrap.xid import RESET, WATCH, parse_xid_lines
 
 
+def _fp8(node, config):
+    return Fp8Probe.for_node(config, node.host())
+
+
 def report_for(node, config):
-    return run_health_checks(config.expected, config.instance_type, node.runner)
+    return run_health_checks(config.expected, config.instance_type, node.runner, _fp8(node, config))
 
 
 def statuses(report):
@@ -53,10 +58,11 @@ def test_efa_devices_are_counted_once_per_domain(kit):
 def test_a_healthy_p5_passes_every_check(fake_node, config):
     report = report_for(fake_node, config)
     assert statuses(report) == {"gpu-count": OK, "gpu-memory": OK, "gpu-ecc": OK, "gpu-row-remap": OK,
-                                "fabric-manager": OK, "cuda-init": OK, "dcgm-diag": OK, "xid": OK, "efa": OK}
+                                "fabric-manager": OK, "cuda-init": OK, "fp8": OK, "dcgm-diag": OK, "xid": OK,
+                                "efa": OK}
     assert report.healthy
     assert fake_node.runner.mutating_calls == []
-    plan = plan_health(config.expected, config.instance_type, fake_node.runner)
+    plan = plan_health(config.expected, config.instance_type, fake_node.runner, _fp8(fake_node, config))
     assert plan.actions == [] and "OK efa: 32 EFA devices, expected 32" in plan.notes
 
 
@@ -79,7 +85,7 @@ def test_each_hardware_fault_fails_the_gate(fake_node, config, setup, check, det
     failed = {c.name: c.detail for c in report.checks if c.status == FAIL}
     assert failed == {check: detail}
     with pytest.raises(HealthGateFailed) as err:
-        plan_health(config.expected, config.instance_type, fake_node.runner)
+        plan_health(config.expected, config.instance_type, fake_node.runner, _fp8(fake_node, config))
     assert str(err.value) == f"health gate failed: {check}: {detail}"
 
 
@@ -131,15 +137,15 @@ def test_json_and_table_output(fake_node, config):
     data = json.loads(report.to_json())
     assert data["healthy"] is False and data["instanceType"] == "p5.48xlarge"
     assert [c["name"] for c in data["checks"]] == [
-        "gpu-count", "gpu-memory", "gpu-ecc", "gpu-row-remap", "fabric-manager", "cuda-init", "dcgm-diag", "xid",
-        "efa"]
+        "gpu-count", "gpu-memory", "gpu-ecc", "gpu-row-remap", "fabric-manager", "cuda-init", "fp8", "dcgm-diag",
+        "xid", "efa"]
     assert data["xidEvents"][-1] == {
         "code": 79, "pciBusId": "0000:b9:00", "action": "replace",
         "reason": "Xid 79: GPU has fallen off the bus (no longer reachable over PCIe) (NVIDIA: RESTART_BM)",
         "message": "pid='<unknown>', name=<unknown>, GPU has fallen off the bus."}
     table = report.format_table().splitlines()
     assert table[0].split() == ["CHECK", "STATUS", "DETAIL"]
-    assert table[8].startswith("xid             FAIL    node unusable")
+    assert table[9].startswith("xid             FAIL    node unusable")
     assert table[-1] == "p5.48xlarge: UNHEALTHY"
 
 

@@ -74,7 +74,7 @@ def loop_root(tmp_path, loop_device, kit):
 def test_real_mkfs_and_mount_on_a_loop_device_then_a_second_run_changes_nothing(loop_root, loop_device, kit):
     config = parse_node_config(kit.node_config_dict(**{"expected": {
         "gpuCount": 8, "gpuMemoryGiB": 80, "efaInterfaceCount": 32, "nvmeDeviceCount": 1,
-        "nvswitch": True}}))
+        "nvswitch": True, "fp8": True}}))
     host, runner = Host(str(loop_root)), LoopOnlyRunner()
     plan = plan_scratch(config, host, runner)
     try:
