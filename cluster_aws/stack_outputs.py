@@ -29,6 +29,8 @@ CHECKPOINT_ROOT_OUTPUT = "CheckpointRoot"
 # The fp8.backend values the nodes' training environment provides ("none,torchao"), from the training lock the
 # bundle carries. A stack deployed before this output has none: nothing is checked then.
 FP8_BACKENDS_OUTPUT = "Fp8Backends"
+# The spareNodes setting: the group holds NodeCount + SpareNodes nodes (0 when a stack predates the output).
+SPARE_NODES_OUTPUT = "SpareNodes"
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,7 @@ class StackOutputs:
     log_group_name: str
     job_document_name: str
     instance_type: str
-    node_count: int  # the group's fixed size
+    node_count: int  # the nodes a job runs on (the nodeCount setting)
     capacity_mode: str  # on-demand, odcr or capacity-block
     outputs: dict[str, str]  # every output, for the rest (bucket names, FSx ids)
     job_table_name: str | None = None  # None: the stack predates the job table
@@ -48,6 +50,17 @@ class StackOutputs:
     @property
     def checkpoint_root(self) -> str | None:
         return self.outputs.get(CHECKPOINT_ROOT_OUTPUT) or None
+
+    @property
+    def spare_nodes(self) -> int:
+        """Hot spares the group holds beyond a job's nodes (0 for a stack deployed before the output)."""
+        value = self.outputs.get(SPARE_NODES_OUTPUT, "0")
+        return int(value) if value.isdigit() else 0
+
+    @property
+    def group_size(self) -> int:
+        """Every node the Auto Scaling group holds: a job's nodes and the spares."""
+        return self.node_count + self.spare_nodes
 
     @property
     def fp8_backends(self) -> tuple[str, ...] | None:

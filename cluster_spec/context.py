@@ -59,6 +59,7 @@ SETTING_KEYS = (
     "natGateway",
     "instanceType",
     "nodeCount",
+    "spareNodes",
     "capacityMode",
     "capacityReservationId",
     "reservationInstanceCount",
@@ -219,9 +220,14 @@ def _compute_settings(context: Callable[[str], Any]) -> ComputeSettings:
             ami_parameter,
             "must be an SSM parameter name such as /aws/service/deeplearning/ami/x86_64/.../latest/ami-id",
         )
+    node_count = integer("nodeCount", context("nodeCount"), minimum=1, maximum=256)
+    spare_nodes = integer("spareNodes", context("spareNodes"), minimum=0, maximum=64)
+    if node_count + spare_nodes > 256:
+        raise invalid("spareNodes", spare_nodes, f"nodeCount + spareNodes must be <= 256 (nodeCount={node_count})")
     return ComputeSettings(
         instance_type=INSTANCE_TYPES[name],
-        node_count=integer("nodeCount", context("nodeCount"), minimum=1, maximum=256),
+        node_count=node_count,
+        spare_nodes=spare_nodes,
         ami_parameter=ami_parameter,
         root_volume_gib=integer("rootVolumeGiB", context("rootVolumeGiB"), minimum=100, maximum=16384),
         scratch_mount_point=mount_point("scratchMountPoint", context("scratchMountPoint")),
@@ -262,19 +268,20 @@ def _capacity_settings(
         mode is CapacityMode.ODCR
         and reservation_id is None
         and count is not None
-        and count != compute.node_count
+        and count != compute.group_size
     ):
         raise invalid(
             "reservationInstanceCount",
             count,
-            f"the created reservation holds nodeCount={compute.node_count} instances; leave it unset",
+            f"the created reservation holds nodeCount + spareNodes = {compute.group_size} instances; leave it "
+            "unset",
         )
-    if count is not None and compute.node_count > count:
-        raise invalid(
-            "nodeCount",
-            compute.node_count,
-            f"must be <= reservationInstanceCount={count}, the instances the reservation holds",
-        )
+    if count is not None and compute.group_size > count:
+        key, value = ("spareNodes", compute.spare_nodes) if compute.node_count <= count else (
+            "nodeCount", compute.node_count)
+        what = f"nodeCount + spareNodes ({compute.node_count} + {compute.spare_nodes}) " if compute.spare_nodes else ""
+        raise invalid(key, value, f"{what}must be <= reservationInstanceCount={count}, the instances the reservation "
+                                  "holds")
     if start is not None and mode is not CapacityMode.CAPACITY_BLOCK:
         raise invalid(
             "reservationStartDate", start.isoformat(), "only applies with capacityMode=capacity-block"

@@ -75,10 +75,16 @@ class CapacitySettings:
 @dataclass(frozen=True)
 class ComputeSettings:
     instance_type: InstanceType  # the catalog entry
-    node_count: int
+    node_count: int  # the nodes a job runs on (clusterctl submit's default --nodes)
+    spare_nodes: int  # verified nodes the group holds beyond the job's: a lost node's job restarts on one at once
     ami_parameter: str  # SSM public parameter holding the AMI id, resolved at deploy time
     root_volume_gib: int
     scratch_mount_point: str
+
+    @property
+    def group_size(self) -> int:
+        """Every node the Auto Scaling group holds (and a reservation or Capacity Block must hold)."""
+        return self.node_count + self.spare_nodes
 
 
 @dataclass(frozen=True)

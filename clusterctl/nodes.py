@@ -42,10 +42,11 @@ def nodes(args: argparse.Namespace, runtime: Runtime) -> int:
             format_table(("INSTANCE", "PRIVATE IP", "AZ", "LIFECYCLE", "HEALTH", "BOOTSTRAP", "READY"), rows),
         )
     ready = sum(n.ready for n in found)
+    spares = f" for jobs + {outputs.spare_nodes} spare" if outputs.spare_nodes else ""
     say(
         runtime,
-        f"{ready} of {outputs.node_count} nodes ready ({outputs.stack_name}: {outputs.node_count} x "
-        f"{outputs.instance_type}, capacity {outputs.capacity_mode})",
+        f"{ready} of {outputs.group_size} nodes ready ({outputs.stack_name}: {outputs.node_count} x "
+        f"{outputs.instance_type}{spares}, capacity {outputs.capacity_mode})",
     )
     return EXIT_OK
 

@@ -270,10 +270,14 @@ class Keeper:
                 number, "; ".join(f"{i.instance_id}: {i.error}" for i in result.failed))
             states = self._query(record.job_id, attempt.nodes, "status")
             return self._on_fault(latest or record, fault, states)
-        LOG.warning("job %s: attempt %d started on %s (rendezvous %s)", record.job_id, number,
-                    ", ".join(attempt.nodes), attempt.rendezvous_host)
+        # Nodes that were ready and idle when the attempt needed them: hot spares (spareNodes), or replacements
+        # that had booted already. The lost nodes' replacements boot meanwhile and become the next spares.
+        newcomers = [n for n in attempt.nodes if n not in old.nodes]
+        joined = f"; in for the lost: {', '.join(newcomers)}" if newcomers else ""
+        LOG.warning("job %s: attempt %d started on %s (rendezvous %s)%s", record.job_id, number,
+                    ", ".join(attempt.nodes), attempt.rendezvous_host, joined)
         return Outcome(record.job_id, "started", "starting",
-                       f"attempt {number} on {', '.join(attempt.nodes)}, rendezvous {attempt.rendezvous_host}")
+                       f"attempt {number} on {', '.join(attempt.nodes)}, rendezvous {attempt.rendezvous_host}{joined}")
 
     # --- Capacity Block end ------------------------------------------------------------------------------
 

@@ -62,7 +62,7 @@ class TrainingClusterStack(Stack):
             "Capacity",
             settings=capacity_settings,
             instance_type=compute.instance_type.name,
-            node_count=compute.node_count,
+            node_count=compute.group_size,  # a created ODCR holds the spares too
             availability_zone=settings.network.availability_zone,
         )
         storage = ClusterStorage(
@@ -119,7 +119,7 @@ class TrainingClusterStack(Stack):
             user_data=user_data,
             log_group_arn=observability.log_group.log_group_arn,
             group_name=group_name,
-            desired_capacity=0 if starts_later else compute.node_count,
+            desired_capacity=0 if starts_later else compute.group_size,
         )
         # The bundle object only, not the CDK assets bucket (every asset of every stack in the account and Region).
         # No grant on the data and checkpoint buckets: the nodes reach both through Lustre, and the export to S3 is
@@ -138,7 +138,7 @@ class TrainingClusterStack(Stack):
         ]
         # The bundle is read at boot, and the nodes mount FSx: launch nodes only once both exist.
         nodes.auto_scaling_group.node.add_dependency(storage.data_association, storage.checkpoint_association)
-        self._schedule_capacity_block(nodes, compute.node_count)
+        self._schedule_capacity_block(nodes, compute.group_size)
 
         jobs = JobRunner(
             self,
@@ -216,7 +216,8 @@ class TrainingClusterStack(Stack):
             "DashboardUrl": dashboard.url,
             "MetricsIntervalSeconds": str(settings.observability.metrics_interval_seconds),
             "InstanceType": compute.instance_type.name,
-            "NodeCount": str(compute.node_count),
+            "NodeCount": str(compute.node_count),  # a job's nodes; the group holds NodeCount + SpareNodes
+            "SpareNodes": str(compute.spare_nodes),
             "CapacityMode": capacity_settings.mode.value,
             "Fp8Backends": ",".join(fp8_backends),
         }

@@ -66,6 +66,7 @@ STACK_VARIANTS: dict[str, dict[str, str]] = {
         "capacityMode": "odcr",
         "reservationEndDate": "2027-03-01T00:00:00Z",
         "nodeCount": "4",
+        "spareNodes": "1",
         "alarmEmail": "ml-platform@example.com",
     },
     "odcr-existing": {

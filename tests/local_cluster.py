@@ -170,6 +170,7 @@ class LocalCluster:
     instance_type: str = "p5.48xlarge"
     capacity_mode: str = "on-demand"  # the stack's CapacityMode output
     max_job_restarts: int = 5  # the stack's MaxJobRestarts output (settings: jobKeeper.maxJobRestarts)
+    spare_nodes: int = 0  # the stack's SpareNodes output: the group holds node_count + spare_nodes
     nodes: dict[str, NodeRoot] = field(default_factory=dict)
     base_port: int = field(default_factory=free_port_block)
     results: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
@@ -187,7 +188,7 @@ class LocalCluster:
             "ImageId": IMAGE_ID, "InstanceType": self.instance_type})
         self.autoscaling.create_auto_scaling_group(
             AutoScalingGroupName=GROUP, LaunchTemplate={"LaunchTemplateName": "drill-nodes"},
-            MinSize=self.node_count, MaxSize=self.node_count, DesiredCapacity=self.node_count,
+            MinSize=self.group_size, MaxSize=self.group_size, DesiredCapacity=self.group_size,
             VPCZoneIdentifier=subnet)
         boto3.client("ssm", region_name=REGION).create_document(
             Name=DOCUMENT, Content=json.dumps({"schemaVersion": "2.2", "description": "drill",
@@ -219,6 +220,7 @@ class LocalCluster:
             "JobDocumentName": DOCUMENT,
             "InstanceType": self.instance_type,
             "NodeCount": str(self.node_count),
+            "SpareNodes": str(self.spare_nodes),
             "CapacityMode": self.capacity_mode,
             "JobTableName": TABLE,
             "MaxJobRestarts": str(self.max_job_restarts),
@@ -231,6 +233,10 @@ class LocalCluster:
         }
         boto3.client("cloudformation", region_name=REGION).create_stack(
             StackName=STACK, TemplateBody=json.dumps(template))
+
+    @property
+    def group_size(self) -> int:
+        return self.node_count + self.spare_nodes
 
     def local_path(self, node_path: str) -> Path:
         """Where a path on the nodes' shared FSx (/fsx/...) is on this machine."""

@@ -12,16 +12,17 @@ from cluster_jobs.cost import CostEstimate, cost_so_far, estimate_cost
 from cluster_jobs.document import find_job
 from cluster_jobs.request import validate_job_id
 from cluster_jobs.table import JobTable
-from clusterctl.arguments import AddCommand, instance_type, non_negative_hours, positive_int
+from clusterctl.arguments import AddCommand, instance_type, non_negative_hours, non_negative_int, positive_int
 from clusterctl.render import format_time, format_usd, to_json
 from clusterctl.runtime import Runtime, say, stack_outputs
 
 
 def cost(args: argparse.Namespace, runtime: Runtime) -> int:
     if args.job:
-        if args.nodes is not None or args.hours is not None:
+        if args.nodes is not None or args.hours is not None or args.spare_nodes:
             raise ClusterctlError(
-                "--job takes the nodes and hours from the job: drop --nodes/--hours", EXIT_USAGE
+                "--job takes the nodes and hours from the job, and the spares from the stack: drop "
+                "--nodes/--hours/--spare-nodes", EXIT_USAGE
             )
         assert runtime.context is not None
         validate_job_id(args.job)
@@ -29,7 +30,7 @@ def cost(args: argparse.Namespace, runtime: Runtime) -> int:
         recorded = _recorded_cost(runtime, outputs, args.job)
         if recorded is not None:
             estimate, label = recorded
-            _print_cost(args, runtime, estimate, label)
+            _print_cost(args, runtime, estimate, label, outputs.spare_nodes)
             return EXIT_OK
         record = find_job(runtime.context.client("ssm"), outputs.job_document_name, args.job)
         if record is None:
@@ -40,12 +41,11 @@ def cost(args: argparse.Namespace, runtime: Runtime) -> int:
             outputs.instance_type, len(record.instance_ids), record.requested_at, runtime.now()
         )
         label = f"job {args.job} so far ({format_time(record.requested_at)} to now)"
-    else:
-        if args.nodes is None or args.hours is None:
-            raise ClusterctlError("cost needs --nodes and --hours (a plan) or --job JOB", EXIT_USAGE)
-        estimate = estimate_cost(args.instance_type, args.nodes, args.hours)
-        label = "plan"
-    _print_cost(args, runtime, estimate, label)
+        _print_cost(args, runtime, estimate, label, outputs.spare_nodes)
+        return EXIT_OK
+    if args.nodes is None or args.hours is None:
+        raise ClusterctlError("cost needs --nodes and --hours (a plan) or --job JOB", EXIT_USAGE)
+    _print_cost(args, runtime, estimate_cost(args.instance_type, args.nodes, args.hours), "plan", args.spare_nodes)
     return EXIT_OK
 
 
@@ -66,7 +66,11 @@ def _recorded_cost(
     return estimate_cost(record.instance_type, record.nodes, held / record.nodes), label
 
 
-def _print_cost(args: argparse.Namespace, runtime: Runtime, estimate: CostEstimate, label: str) -> None:
+def _print_cost(args: argparse.Namespace, runtime: Runtime, estimate: CostEstimate, label: str,
+                spare_nodes: int) -> None:
+    """The job's (or plan's) nodes, then the spares the group holds beside them over the same hours: idle, and
+    billed all the same."""
+    spares = estimate_cost(estimate.instance_type, spare_nodes, estimate.hours) if spare_nodes else None
     if args.json:
         say(
             runtime,
@@ -80,6 +84,9 @@ def _print_cost(args: argparse.Namespace, runtime: Runtime, estimate: CostEstima
                     "usdPerHour": round(estimate.usd_per_hour, 2),
                     "totalUsd": round(estimate.total_usd, 2),
                     "gpuHours": round(estimate.gpu_hours, 2),
+                    "spareNodes": spare_nodes,
+                    "spareUsd": round(spares.total_usd, 2) if spares else 0.0,
+                    "totalWithSparesUsd": round(estimate.total_usd + (spares.total_usd if spares else 0.0), 2),
                 }
             ),
         )
@@ -90,6 +97,10 @@ def _print_cost(args: argparse.Namespace, runtime: Runtime, estimate: CostEstima
         f"{format_usd(estimate.total_usd)} ({format_usd(estimate.usd_per_hour)}/h, "
         f"{estimate.gpu_hours:,.0f} GPU-hours)",
     )
+    if spares is not None:
+        say(runtime, f"plus {spare_nodes} hot spare{'s' if spare_nodes > 1 else ''} (spareNodes) over the same "
+                     f"{estimate.hours:.2f} h = {format_usd(spares.total_usd)}: "
+                     f"{format_usd(estimate.total_usd + spares.total_usd)} in all")
     say(
         runtime,
         f"estimate at the catalog's on-demand price, {format_usd(estimate.usd_per_instance_hour)} per "
@@ -107,6 +118,8 @@ def add_parsers(add: AddCommand) -> None:
     cost_parser.add_argument("--instance-type", type=instance_type, default="p5.48xlarge")
     cost_parser.add_argument("--nodes", type=positive_int)
     cost_parser.add_argument("--hours", type=non_negative_hours, help="hours of the plan (a number >= 0)")
+    cost_parser.add_argument("--spare-nodes", type=non_negative_int, default=0, metavar="N",
+                             help="hot spares beside the plan's nodes (spareNodes; a --job takes the stack's)")
     cost_parser.add_argument(
         "--job",
         metavar="JOB",

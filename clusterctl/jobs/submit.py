@@ -47,6 +47,19 @@ def commcheck(args: argparse.Namespace, runtime: Runtime) -> int:
     return _submit(args, runtime, node_jobs.COMMCHECK_MODULE, "", overrides)
 
 
+def _say_spares(runtime: Runtime, outputs: stack.StackOutputs, count: int) -> None:
+    """What the job leaves to the keeper: idle nodes are its hot spares (docs/operations.md, "Hot spares")."""
+    idle = outputs.group_size - count
+    if count > outputs.node_count and outputs.spare_nodes:
+        taken = min(count - outputs.node_count, outputs.spare_nodes)
+        note(runtime, f"this job runs on {taken} of the {outputs.spare_nodes} spare nodes (--nodes {count} > "
+                      f"NodeCount {outputs.node_count}): {idle} left for a restart without waiting for a "
+                      "replacement to boot")
+    elif idle > 0 and outputs.spare_nodes:
+        nodes = f"{idle} nodes stay idle as hot spares" if idle > 1 else "1 node stays idle as a hot spare"
+        note(runtime, f"{nodes}: if the job loses a node, the job keeper restarts it on a spare in its next round")
+
+
 def _submit(
     args: argparse.Namespace,
     runtime: Runtime,
@@ -75,6 +88,7 @@ def _submit(
     config_text = job_records.read_config_text(request.config)
     _refuse_while_active(table)  # before the nodes: a restarting job's nodes are not ready, and that is why
     selected = _select_nodes(outputs, runtime, count)
+    _say_spares(runtime, outputs, count)
 
     now = runtime.now()
     job_id = new_job_id(now)

@@ -7,7 +7,7 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from cluster_aws.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ClusterctlError
-from clusterctl.arguments import AddCommand, positive_float
+from clusterctl.arguments import AddCommand, non_negative_int, positive_float
 from clusterctl.plan import memory
 from clusterctl.plan import options as plan
 from clusterctl.plan.mfu import load_measurements
@@ -53,6 +53,11 @@ def add_parsers(add: AddCommand) -> None:
         "--deadline-days", type=positive_float, metavar="DAYS",
         help="the fewest nodes that finish within DAYS",
     )
+    parser.add_argument(
+        "--spare-nodes", type=non_negative_int, default=0, metavar="N",
+        help="hot spares beyond the job's nodes (the spareNodes setting): counted in the cost and the deploy "
+        "command (default 0)",
+    )
     parser.add_argument("--seq-len", type=_positive_int, help="tokens per sample (default: the config's)")
     parser.add_argument(
         "--micro-batch-size", type=_positive_int, help="samples per GPU per step (default: the config's)"
@@ -97,7 +102,7 @@ def plan_command(args: argparse.Namespace, runtime: Runtime) -> int:
     options = [
         plan.plan_option(
             workload, get_instance_type(name), tokens, nodes=args.nodes, deadline_days=args.deadline_days,
-            mfu_override=args.mfu, measurements=measurements,
+            mfu_override=args.mfu, measurements=measurements, spare_nodes=args.spare_nodes,
         )
         for name in types
     ]
@@ -135,7 +140,7 @@ def _commands(args: argparse.Namespace, workload: Workload, option: plan.Option)
         "nodes": option.nodes,
         "cdkContext": context,
         "overrides": overrides,
-        "quota": f"clusterctl quota --instance-type {name} --nodes {option.nodes}",
+        "quota": f"clusterctl quota --instance-type {name} --nodes {option.nodes + option.spare_nodes}",
         "deploy": f"npx cdk deploy {args.stack} " + " ".join(context),
         "submit": f"clusterctl submit --config {workload.config} --nodes {option.nodes} "
         + " ".join(f"--set {o}" for o in overrides),
@@ -155,6 +160,7 @@ def _option_json(option: plan.Option) -> dict[str, Any]:
         "minNodesWithoutActivationCheckpointing": option.min_nodes_without_ac,
         "minNodesWithActivationCheckpointing": option.min_nodes_with_ac,
         "nodes": option.nodes,
+        "spareNodes": option.spare_nodes,
         "gpus": option.gpus,
         "activationCheckpointing": option.activation_checkpointing,
         "memoryPerGpu": None if mem is None else {

@@ -66,6 +66,7 @@ class Option:
     total_flops: float
     tokens: float
     problem: str  # "" when the option is viable, else why not
+    spare_nodes: int = 0  # hot spares the group holds beyond `nodes` (spareNodes): paid for, idle until a loss
 
     @property
     def viable(self) -> bool:
@@ -100,9 +101,10 @@ class Option:
 
     @property
     def cost_usd(self) -> float | None:
+        """The whole group's: the job's nodes and the spares, for the training time."""
         if self.hours is None:
             return None
-        return self.nodes * self.hours * self.instance_type.on_demand_usd_per_hour
+        return (self.nodes + self.spare_nodes) * self.hours * self.instance_type.on_demand_usd_per_hour
 
     @property
     def usd_per_million_tokens(self) -> float | None:
@@ -158,6 +160,7 @@ def plan_option(
     deadline_days: float | None = None,
     mfu_override: float | None = None,
     measurements: list[Measurement] | None = None,
+    spare_nodes: int = 0,
 ) -> Option:
     backend = effective_fp8_backend(workload, instance)
     query = MfuQuery(
@@ -174,7 +177,8 @@ def plan_option(
     with_ac = smallest_fit(workload, instance, True)
     total_flops = flops_per_token(workload.model, workload.seq_len) * tokens
     base = dict(instance_type=instance, fp8_backend=backend, min_nodes_without_ac=without_ac,
-                min_nodes_with_ac=with_ac, mfu=mfu, total_flops=total_flops, tokens=tokens)
+                min_nodes_with_ac=with_ac, mfu=mfu, total_flops=total_flops, tokens=tokens,
+                spare_nodes=spare_nodes)
 
     def at(count: int, problem: str = "") -> Option:
         ac = without_ac is None or count < without_ac
@@ -231,7 +235,8 @@ def steps_for(workload: Workload, option: Option) -> int:
 def deploy_context(option: Option) -> list[str]:
     """The `cdk deploy` -c settings (cluster_spec/context.py SETTING_KEYS) for the option: on-demand capacity;
     a Capacity Block adds its own settings (`clusterctl capacity purchase` prints them)."""
-    return [f"-c instanceType={option.instance_type.name}", f"-c nodeCount={option.nodes}"]
+    settings = [f"-c instanceType={option.instance_type.name}", f"-c nodeCount={option.nodes}"]
+    return settings + ([f"-c spareNodes={option.spare_nodes}"] if option.spare_nodes else [])
 
 
 def run_overrides(workload: Workload, option: Option, *, seq_len_given: bool, micro_batch_given: bool) -> list[str]:
@@ -273,6 +278,10 @@ def time_cost_explain(option: Option) -> list[str]:
         f"  time = {option.total_flops:.4g} / {rate:.4g} = {option.hours:,.1f} h "
         f"({option.hours / HOURS_PER_DAY:.1f} days); GPU-hours = {option.gpus} x {option.hours:,.1f} = "
         f"{option.gpu_hours:,.0f}",
-        f"  cost = {option.nodes} x {option.hours:,.1f} h x ${it.on_demand_usd_per_hour:,.2f}/h (catalog on-demand, "
+        f"  cost = {_group(option)} x {option.hours:,.1f} h x ${it.on_demand_usd_per_hour:,.2f}/h (catalog on-demand, "
         f"us-east-1) = ${option.cost_usd:,.0f}; per million tokens ${option.usd_per_million_tokens:,.4f}",
     ]
+
+
+def _group(option: Option) -> str:
+    return f"({option.nodes} + {option.spare_nodes} spare)" if option.spare_nodes else str(option.nodes)

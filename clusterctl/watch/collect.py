@@ -99,7 +99,7 @@ JOB_FROM_METRICS = "metrics"  # a stack without a job table: the newest Step met
 class ClusterView:
     stack_name: str
     instance_type: str
-    node_count: int  # the group's fixed size
+    node_count: int  # every node the group holds: a job's and the spares
     collected_at: datetime.datetime
     nodes: list[NodeView]
     job: JobView | None
@@ -108,6 +108,7 @@ class ClusterView:
     usd_per_node_hour: float
     notes: list[str] = field(default_factory=list)
     job_source: str = JOB_FROM_METRICS  # where `job` was found: JOB_FROM_TABLE or JOB_FROM_METRICS
+    spare_nodes: int = 0  # of node_count, the hot spares (the spareNodes setting)
     ended_job: EndedJob | None = None  # no active job, but the lock names this ended one
 
 
@@ -341,6 +342,7 @@ def collect(client: Callable[[str], Any], outputs: StackOutputs, now: datetime.d
         source = JOB_FROM_METRICS
     cost = cost_since(cloudwatch, group, created_at, now, price) if created_at else None
     return ClusterView(stack_name=outputs.stack_name, instance_type=outputs.instance_type,
-                       node_count=outputs.node_count, collected_at=now, nodes=views, job=job,
+                       node_count=outputs.group_size, spare_nodes=outputs.spare_nodes, collected_at=now,
+                       nodes=views, job=job,
                        group_created_at=created_at, cost_usd=cost, usd_per_node_hour=price, notes=notes,
                        job_source=source, ended_job=ended_job)

@@ -156,13 +156,17 @@ def _last_record_line(job: JobView, now: datetime.datetime) -> str:
     return line
 
 
+def _spares(view: ClusterView) -> str:
+    return f" ({view.spare_nodes} of them spare)" if view.spare_nodes else ""
+
+
 def render(view: ClusterView) -> RenderableType:
     in_service = sum(1 for n in view.nodes if n.lifecycle == "InService")
     cost = "-" if view.cost_usd is None else format_usd(view.cost_usd)
     since = f" since {format_time(view.group_created_at)}" if view.group_created_at else ""
     header = Text.assemble(
         (view.stack_name, "bold"),
-        f"   {in_service}/{view.node_count} x {view.instance_type} in service   as of "
+        f"   {in_service}/{view.node_count} x {view.instance_type} in service{_spares(view)}   as of "
         f"{format_time(view.collected_at)}\n",
         ("cost so far ", ""), (f"~{cost}", "bold"),
         f"{since} (nodes in service x {format_usd(view.usd_per_node_hour)}/h On-Demand: an estimate)",

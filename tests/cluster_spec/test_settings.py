@@ -117,6 +117,25 @@ BAD_SETTINGS = [
         "nodeCount=8: must be <= reservationInstanceCount=4",
     ),
     (
+        {
+            "nodeCount": "4",
+            "spareNodes": "1",
+            "capacityMode": "capacity-block",
+            "capacityReservationId": "cr-0123456789abcdef0",
+            "reservationInstanceCount": "4",
+            "reservationEndDate": "2099-01-01T00:00:00Z",
+        },
+        "spareNodes=1: nodeCount + spareNodes (4 + 1) must be <= reservationInstanceCount=4, the instances the "
+        "reservation holds",
+    ),
+    (
+        {"nodeCount": "4", "spareNodes": "1", "capacityMode": "odcr", "reservationInstanceCount": "4",
+         "reservationEndDate": "2099-01-01T00:00:00Z"},
+        "reservationInstanceCount=4: the created reservation holds nodeCount + spareNodes = 5 instances",
+    ),
+    ({"spareNodes": "-1"}, "spareNodes=-1: must be an integer >= 0 and <= 64"),
+    ({"nodeCount": "250", "spareNodes": "8"}, "spareNodes=8: nodeCount + spareNodes must be <= 256 (nodeCount=250)"),
+    (
         {"capacityMode": "capacity-block"},
         "capacityMode='capacity-block' needs capacityReservationId (cr-...)",
     ),

@@ -333,9 +333,14 @@ def test_capacity_block_scales_with_the_block(synth):
 
 
 def test_created_reservation_is_what_the_group_targets(synth):
-    stack = synth("odcr-created")
+    stack = synth("odcr-created")  # nodeCount 4, spareNodes 1
     (reservation_id,) = stack.resources("AWS::EC2::CapacityReservation")
     group = stack.only("AWS::AutoScaling::AutoScalingGroup")
+    # the group and the reservation hold the job's nodes and the spare; a job runs on NodeCount by default
+    assert stack.only("AWS::EC2::CapacityReservation")["InstanceCount"] == 5
+    assert (group["MinSize"], group["MaxSize"], group["DesiredCapacity"]) == ("5", "5", "5")
+    outputs = stack.template_json["Outputs"]
+    assert (outputs["NodeCount"]["Value"], outputs["SpareNodes"]["Value"]) == ("4", "1")
     assert group["CapacityReservationSpecification"] == {
         "CapacityReservationPreference": "capacity-reservations-only",
         "CapacityReservationTarget": {"CapacityReservationIds": [{"Ref": reservation_id}]},

@@ -1,0 +1,39 @@
+"""Fixtures of the failure drills: moto with no way out to real AWS, and drills made per test
+(tests/keeper_drill.py), whose nodes' processes are killed at the end."""
+
+from __future__ import annotations
+
+import pytest
+from fake_aws import isolate_from_real_aws
+from keeper_drill import Drill, make_drill
+from local_cluster import REGION
+from moto import mock_aws
+
+
+@pytest.fixture()
+def aws(monkeypatch, tmp_path):
+    isolate_from_real_aws(monkeypatch, tmp_path, REGION)
+    with mock_aws():
+        yield
+
+
+@pytest.fixture()
+def drills(aws, tmp_path):
+    """make_drill(**stack outputs) for this test; its nodes' processes are killed at the end."""
+    made: list[Drill] = []
+
+    def make(**outputs) -> Drill:
+        assert not made, "one cluster per test: the stack, group and table names are fixed"
+        made.append(make_drill(tmp_path, **outputs))
+        return made[-1]
+
+    yield make
+    for each in made:
+        each.cluster.cleanup()
+
+
+@pytest.fixture()
+def drill(drills):
+    return drills()
+
+

@@ -1,0 +1,82 @@
+"""Hot spares (the spareNodes setting), drilled: a job on NodeCount nodes leaves the spare idle, and when one of
+its nodes is lost the keeper's next round restarts it on the survivor and the spare, without waiting for the
+replacement to boot (minutes on a P5); the replacement becomes the next spare.
+
+The drill measures what the CPU cluster can: the seconds from the node's loss to the job's first resumed step
+and the steps lost. docs/operations.md ("Hot spares") sets them beside the parts a real failure adds.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from aws_events import autoscaling_event, scheduled_event
+from keeper_drill import CHECKPOINT_INTERVAL, DRILL_TIMEOUT_S, JOB_OVERRIDES, RESUME_LINE, STEPS, step_records
+
+from node_bootstrap.jobs.attempt_log import attempt_part
+
+pytestmark = pytest.mark.slow
+
+
+def attempt_2_started(drill, job_id: str, nodes: list[str]) -> tuple[int, int] | None:
+    """(the step attempt 2 resumed from, its first step) once it logged both, from attempt 2's part of the logs."""
+    resumed = steps = None
+    for node in nodes:
+        _, part = attempt_part("", drill.cluster.nodes[node].job_log(job_id), 2)
+        for line in part.splitlines():
+            if RESUME_LINE in line and resumed is None:
+                try:
+                    resumed = json.loads(line[line.index(RESUME_LINE):])["step"]
+                except ValueError:
+                    pass  # still being written
+        steps = steps or [r["step"] for r in step_records(part)]
+    return (resumed, min(steps)) if resumed is not None and steps else None
+
+
+def test_a_lost_node_restarts_at_once_on_the_spare(drills):
+    drill = drills(spare_nodes=1)
+    submitted = drill.clusterctl("submit", "--config", "training/configs/tiny-cpu.toml", "--max-restarts", "0",
+                                 *(f"--set={o}" for o in JOB_OVERRIDES))
+    assert submitted.code == 0, submitted
+    assert ("clusterctl: note: 1 node stays idle as a hot spare: if the job loses a node, the job keeper restarts "
+            "it on a spare in its next round") in submitted.err
+    job_id = submitted.out.splitlines()[0]
+    first = drill.record(job_id).attempts[0]
+    (spare,) = set(drill.cluster.instance_ids()) - set(first.nodes)
+    assert len(first.nodes) == 2  # NodeCount, not the group's 3
+    nodes = drill.clusterctl("nodes")
+    assert "3 of 3 nodes ready (DrillStack: 2 x p5.48xlarge for jobs + 1 spare, capacity on-demand)" in nodes.out
+
+    drill.wait_for_step(job_id, 12)
+    assert drill.event(scheduled_event())["state"] == "running"
+    lost = first.nodes[1]
+    lost_at = time.monotonic()
+    replacement = drill.cluster.lose(lost)  # not booted yet: on a P5 that takes minutes
+    outcome = drill.event(autoscaling_event("EC2 Instance Terminate Successful", lost))
+    assert outcome["action"] == "started", outcome  # in this one round, on the survivor and the spare
+    assert outcome["detail"].endswith(f"; in for the lost: {spare}")
+    second = drill.record(job_id).attempts[1]
+    assert sorted(second.nodes) == sorted([first.nodes[0], spare]) and replacement not in second.nodes
+
+    deadline = time.monotonic() + DRILL_TIMEOUT_S
+    while (started := attempt_2_started(drill, job_id, second.nodes)) is None:
+        assert time.monotonic() < deadline, "attempt 2 logged no step"
+        time.sleep(0.05)
+    seconds = time.monotonic() - lost_at
+    resumed, step = started
+
+    drill.cluster.boot(replacement)  # it becomes the next spare: the running job is left alone
+    launched = drill.event(autoscaling_event("EC2 Instance Launch Successful", replacement))
+    assert (launched["action"], launched["state"]) == ("observed", "running")
+    assert replacement not in drill.record(job_id).current.nodes
+    done = drill.until(job_id, lambda r: r.state not in ("starting", "running", "restarting"), "a final state")
+    assert done.state == "succeeded", done
+    steps_lost = done.steps_lost(1)
+    assert steps_lost is not None and 0 <= steps_lost <= CHECKPOINT_INTERVAL
+    assert done.attempts[1].step_reached == STEPS
+    assert resumed == done.attempts[1].resumed_from_step and step == resumed + 1
+    print(f"spare drill: {seconds:.1f} s from the node's loss to step {step}, the first resumed step "
+          f"(resumed from step {resumed}; {steps_lost} steps lost)")
+    assert seconds < DRILL_TIMEOUT_S
