@@ -33,6 +33,7 @@ class NodeJobState:
     busbw_size_bytes: int | None = None  # the message size of busbw_gbps (the largest, once it finished)
     attempt: int | None = None  # the job keeper's attempt number the node runs (1 before any restart)
     resumed_from_step: int | None = None  # the checkpoint step the trainer resumed from (0: fresh)
+    resumed_from_tier: str | None = None  # its tier: "local" or "durable"; None: fresh, or not reported
 
     @classmethod
     def from_invocation(cls, invocation: Invocation) -> NodeJobState:
@@ -55,6 +56,7 @@ class NodeJobState:
                 busbw_size_bytes=payload.get("busbwSizeBytes"),
                 attempt=payload.get("attempt"),
                 resumed_from_step=payload.get("resumedFromStep"),
+                resumed_from_tier=payload.get("resumedFromTier"),
             )
         if invocation.response_code == node_jobs.EXIT_NOT_FOUND:
             return cls(invocation.instance_id, "not-found", None, None, None, None, None, invocation.error)

@@ -70,6 +70,7 @@ class Attempt:
     end_reason: str | None = None  # why it ended: the fault that caused the restart, or the final outcome
     step_reached: int | None = None  # the highest step its nodes logged
     resumed_from_step: int | None = None  # the checkpoint step it resumed from (0: from scratch); None: unknown
+    resumed_from_tier: str | None = None  # "local" (node-local shards and replicas) or "durable" (FSx); None: fresh
     node_reports: list[NodeReport] = field(default_factory=list)
 
 
@@ -163,7 +164,8 @@ def _from_item(item: dict[str, Any]) -> JobRecord:
     attempts = []
     for raw in data.pop("attempts", []):
         reports = [NodeReport(**report) for report in raw.pop("node_reports", [])]
-        attempts.append(Attempt(**raw, node_reports=reports))
+        attempt_fields = {f.name for f in dataclasses.fields(Attempt)}  # a newer writer's fields are skipped
+        attempts.append(Attempt(**{k: v for k, v in raw.items() if k in attempt_fields}, node_reports=reports))
     known = {f.name for f in dataclasses.fields(JobRecord)}
     return JobRecord(**{k: v for k, v in data.items() if k in known}, attempts=attempts)
 

@@ -347,10 +347,12 @@ class Keeper:
                               s.detail) for s in states]
         steps = [s.last_step for s in states if isinstance(s.last_step, int)]
         reached = max([*steps, attempt.step_reached or 0]) if steps or attempt.step_reached else None
-        resumed = next((s.resumed_from_step for s in states if s.resumed_from_step is not None),
-                       attempt.resumed_from_step)
-        attempt = dataclasses.replace(attempt, node_reports=reports, step_reached=reached,
-                                      resumed_from_step=resumed)
+        resumed = next((s for s in states if s.resumed_from_step is not None), None)
+        attempt = dataclasses.replace(
+            attempt, node_reports=reports, step_reached=reached,
+            resumed_from_step=resumed.resumed_from_step if resumed else attempt.resumed_from_step,
+            resumed_from_tier=resumed.resumed_from_tier if resumed else attempt.resumed_from_tier,
+        )
         return dataclasses.replace(record, attempts=[*record.attempts[:-1], attempt])
 
     def _alarm(self, record: JobRecord, reason: str) -> None:

@@ -153,5 +153,6 @@ def expected_argv(node_root: Path, job_id: str):
         "--rdzv-endpoint", "10.0.1.17:29400", "--rdzv-id", job_id, "--max-restarts", "2",
         "--shutdown-timeout", "110", "-m", "training", "--config", "training/configs/tiny-cpu.toml", "--resume", "auto",
         "--set", "optim.lr=3e-4", "--set", "train.steps=100",
+        "--set", f"checkpoint.local_dir={node_root}/scratch/checkpoints/{job_id}",
         "--set", f"checkpoint.dir={node_root}/fsx/checkpoints/{job_id}",
     ]

@@ -43,7 +43,7 @@ class Run:
 
     @property
     def losses(self) -> dict[int, float]:
-        return {s["step"]: s["loss"] for s in self.steps}
+        return {s["step"]: s["loss"] for s in self.steps if "loss" in s}  # rank 0's lines (other nodes': no loss)
 
     @property
     def grad_norms(self) -> dict[int, float]:
@@ -118,3 +118,41 @@ def load_checkpoint(path: Path, tmp: Path) -> dict:
     out = tmp / f"{path.parent.name}-{path.name}.pt"
     dcp_to_torch_save(path, out)
     return torch.load(out, weights_only=False)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_as_nodes(per_node: list[list[str]], *, resume: str = "auto") -> Run:
+    """``python -m training`` as a job of one rank per "node", node K with the overrides ``per_node[K]`` after
+    SMALL: the layout of a multi-node job, where each node has its own checkpoint.local_dir. The ranks get the
+    environment torchrun gives a worker (RANK, LOCAL_RANK 0, WORLD_SIZE, LOCAL_WORLD_SIZE 1, the store's
+    MASTER_ADDR and MASTER_PORT) without torchrun's agent processes, which would only add a torch import each.
+    Their outputs are joined, rank 0's first."""
+    port = free_port()
+    procs = []
+    for rank, overrides in enumerate(per_node):
+        cmd = [sys.executable, *TRAINING, "--resume", resume]
+        for override in SMALL + overrides:
+            cmd += ["--set", override]
+        worker_env = {**env(), "RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(len(per_node)),
+                      "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=worker_env, text=True, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT))
+    outputs, codes = [], []
+    try:
+        for proc in procs:
+            out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+            outputs.append(out)
+            codes.append(proc.returncode)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return Run(max(codes, key=abs), "".join(outputs))

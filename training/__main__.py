@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         from training.train import train  # torch and the model load only after the config is valid
 
         resume = resume_with_fallback(args.resume, cfg.checkpoint.dir, args.resume_from_dir)
-        result = train(cfg, resume=resume)
+        result = train(cfg, resume=resume, local_resume=args.resume == "auto")
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return EXIT_CONFIG

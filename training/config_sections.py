@@ -272,6 +272,13 @@ class CheckpointConfig:
     # save call, into new pageable memory each time (DCP's default, the loop waits for the whole copy). The
     # kept buffers hold one copy of this rank's model and optimizer state in host memory for the whole run.
     staging: str = "auto"
+    # The local tier (training/checkpoint/local_tier.py): every local_interval_steps (0 = off) each rank saves
+    # its own shard under local_dir (node-local: the launcher sets <scratch>/checkpoints/<job id>) and sends a
+    # replica to the same local rank of the next node, so that losing one node loses no shard of that step.
+    # The newest local_keep steps complete on every rank are kept.
+    local_dir: str = ""
+    local_interval_steps: int = 0
+    local_keep: int = 2
 
     def validate(self) -> None:
         if self.staging not in STAGING_MODES:
@@ -282,6 +289,19 @@ class CheckpointConfig:
             raise ConfigError(f"checkpoint.interval_steps={self.interval_steps!r}: allowed: an integer >= 0")
         if not _is_int_at_least(self.keep_last, minimum=1):
             raise ConfigError(f"checkpoint.keep_last={self.keep_last!r}: allowed: an integer >= 1")
+        if not isinstance(self.local_dir, str):
+            raise ConfigError(f"checkpoint.local_dir={self.local_dir!r}: allowed: a node-local directory path, or "
+                              "'' for no local tier")
+        if not _is_int_at_least(self.local_interval_steps, minimum=0):
+            raise ConfigError(f"checkpoint.local_interval_steps={self.local_interval_steps!r}: allowed: an integer "
+                              ">= 0 (0: no local tier)")
+        if not _is_int_at_least(self.local_keep, minimum=1) or self.local_keep > 8:
+            raise ConfigError(f"checkpoint.local_keep={self.local_keep!r}: allowed: an integer 1-8")
+
+    @property
+    def local_tier(self) -> bool:
+        """Whether this run saves to the local tier (both a directory and an interval are set)."""
+        return bool(self.local_dir) and self.local_interval_steps > 0
 
 
 def _is_int_at_least(value: object, *, minimum: int) -> bool:

@@ -218,15 +218,21 @@ def build_emf_record(record: dict[str, Any], *, namespace: str, cluster: str, jo
 
 
 def log_resume(cfg: MetricsConfig, *, rank: int, local_rank: int, step: int, path: str | os.PathLike[str] | None,
-               stdout: TextIO | None = None) -> None:
+               stdout: TextIO | None = None, tier: str | None = None, fetched: int | None = None) -> None:
     """The resume line, printed right after the run resumed from the checkpoint at ``path`` (``step`` its
     completed steps) or decided to start fresh (step 0, path None). Global rank 0 prints it, and local rank 0
     of every other node with its ``rank`` as the step lines do, so the status on every node of the job says
     which step this attempt started from (the job keeper's steps lost to a restart: the step reached minus
-    this one). Every rank agreed on the checkpoint (train._agree_on_resume), so the nodes print the same."""
+    this one). Every rank agreed on the checkpoint (train._agree_on_resume), so the nodes print the same.
+    ``tier``: "durable" (checkpoint.dir) or "local" (the local tier, ``fetched`` shards of it from another
+    node); None for a fresh start. ``path`` of a local resume is this node's shard of rank ``rank``."""
     if not cfg.json_lines or local_rank != 0:
         return
     record: dict[str, Any] = {"event": "resume", "step": step, "path": None if path is None else str(path)}
+    if tier is not None:
+        record["tier"] = tier
+    if fetched is not None:
+        record["fetched"] = fetched
     if rank != 0:
         record["rank"] = rank
     out = stdout or sys.stdout

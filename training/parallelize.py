@@ -39,6 +39,13 @@ class DistInfo:
     local_rank: int  # rank on this node (= the GPU index under torchrun)
     world_size: int  # processes in the job
     device: torch.device  # cuda:<local_rank>, or cpu
+    # processes per node (torchrun's LOCAL_WORLD_SIZE): torchrun numbers ranks node by node, so this rank's
+    # node is rank // local_world_size (the local checkpoint tier places replicas on the next node by it)
+    local_world_size: int = 1
+
+    @property
+    def node(self) -> int:
+        return self.rank // self.local_world_size
 
     @property
     def is_main(self) -> bool:
@@ -69,7 +76,11 @@ def init_distributed(timeout_s: float = DEFAULT_INIT_TIMEOUT_S) -> DistInfo:
                                 timeout=datetime.timedelta(seconds=timeout_s))
     else:
         rank, world_size = dist.get_rank(), dist.get_world_size()
-    return DistInfo(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+    local_world_size = _env_int("LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in os.environ else 1
+    if local_world_size < 1 or world_size % local_world_size:
+        local_world_size = 1  # not torchrun's homogeneous layout: every rank its own node
+    return DistInfo(rank=rank, local_rank=local_rank, world_size=world_size, device=device,
+                    local_world_size=local_world_size)
 
 
 def set_process_group_timeout(timeout_s: float, info: DistInfo) -> None:

@@ -24,6 +24,9 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from training.checkpoint.checkpointer import Checkpointer
+from training.checkpoint.layout import read_train_state
+from training.checkpoint.local_resume import choose_local_resume, keep_only, load_local
+from training.checkpoint.local_tier import LocalCheckpointer
 from training.checkpoint.resume import resolve_resume
 from training.config import TrainConfig
 from training.data import Batch, Prefetcher, build_batch_source
@@ -58,20 +61,24 @@ class TrainResult:
     stopped_by_signal: bool  # True when SIGTERM ended it early (after a checkpoint)
 
 
-def train(cfg: TrainConfig, *, resume: str = "auto") -> TrainResult:
+def train(cfg: TrainConfig, *, resume: str = "auto", local_resume: bool | None = None) -> TrainResult:
     """Train per ``cfg``; ``resume`` is ``auto`` | ``none`` | a checkpoint path (checkpoint.resolve_resume).
+    ``local_resume``: whether a newer step of the local tier may win over ``resume`` (default: with
+    ``auto``; ``python -m training`` also when ``--resume-from-dir`` chose another job's checkpoint).
     Collective: under torchrun every rank calls it."""
     run_preflight(cfg, rank=int(os.environ.get("RANK", "0")))  # a bad setting fails here, before any build
+    if local_resume is None:
+        local_resume = resume == "auto"
     # 0) from here on a SIGTERM is a request to stop at the next step boundary, not an immediate death
     with StopRequest() as stop:
-        return _build_and_train(cfg, resume, stop)
+        return _build_and_train(cfg, resume, local_resume, stop)
 
 
-def _build_and_train(cfg: TrainConfig, resume: str, stop: StopRequest) -> TrainResult:
+def _build_and_train(cfg: TrainConfig, resume: str, local_resume: bool, stop: StopRequest) -> TrainResult:
     # 1) process group and device: nccl on CUDA (plus gloo for CPU tensors), gloo on the CPU
     dist_info = init_distributed(cfg.parallel.init_timeout_seconds)
     try:
-        result = _train_in_group(cfg, resume, stop, dist_info)
+        result = _train_in_group(cfg, resume, local_resume, stop, dist_info)
     except ConfigError:
         # A start-up check every rank fails alike (a --resume path that is no checkpoint, unreadable shards):
         # tear the group down before the error reaches the CLI, or the interpreter can abort at exit on the
@@ -87,7 +94,8 @@ def _build_and_train(cfg: TrainConfig, resume: str, stop: StopRequest) -> TrainR
     return result
 
 
-def _train_in_group(cfg: TrainConfig, resume: str, stop: StopRequest, dist_info: DistInfo) -> TrainResult:
+def _train_in_group(cfg: TrainConfig, resume: str, local_resume: bool, stop: StopRequest,
+                    dist_info: DistInfo) -> TrainResult:
     device = dist_info.device
     log.info("rank %d/%d pid %d device %s", dist_info.rank, dist_info.world_size, os.getpid(), device)
     if dist_info.is_main:  # what this run computes with, before anything is built
@@ -105,25 +113,39 @@ def _train_in_group(cfg: TrainConfig, resume: str, stop: StopRequest, dist_info:
     # 9) optimizer (FP8 backends that keep scales per weight update them after each step, below)
     optimizer = build_optimizer(model, cfg.optim)
 
-    # 10) resume: rank 0 picks the checkpoint, every rank loads its shards of it; the resume line says which
+    # 10) resume: rank 0 picks the durable checkpoint, the ranks together the newest complete local step; the
+    #     newer wins (a tie: the local one), every rank loads its shards of it; the resume line says which
     checkpointer = Checkpointer(cfg.checkpoint, rank=dist_info.rank, world_size=dist_info.world_size,
                                 config_snapshot=cfg.to_dict(), device=dist_info.device)
-    start_step = 0
+    local = LocalCheckpointer(cfg.checkpoint, rank=dist_info.rank, world_size=dist_info.world_size,
+                              local_world_size=dist_info.local_world_size, device=dist_info.device)
+    start_step, tier, fetched = 0, None, None
     resume_path = _agree_on_resume(resume, cfg.checkpoint.dir, dist_info.rank)
+    durable_step = read_train_state(resume_path).step if resume_path is not None else 0
+    local_choice = choose_local_resume(local, not_older_than=durable_step) if local_resume else None
+    if local_choice is not None:
+        load_local(local_choice, model, optimizer)
+        start_step, tier, fetched, resume_path = local_choice.step, "local", local_choice.fetched, local_choice.path
+        log.info("resumed from the local tier: step %d (%d shard(s) fetched from another node)", start_step,
+                 fetched)
+    elif resume_path is not None:
+        start_step, tier = checkpointer.load(resume_path, model, optimizer).step, "durable"
     if resume_path is not None:
-        start_step = checkpointer.load(resume_path, model, optimizer).step
         # what the straight run derived from these weights after the step that produced them (torchao's
         # precomputed FP8 all-gather scales), derived again, so the next step runs the same code path
         fp8.post_optimizer_step(model)
+    keep_only(local, local_choice.step if local_choice is not None else None)
     log_resume(cfg.metrics, rank=dist_info.rank, local_rank=dist_info.local_rank, step=start_step,
-               path=resume_path)
+               path=resume_path, tier=tier, fetched=fetched)
 
     # 11) the loop
     try:
-        result = _loop(cfg, model, optimizer, fp8, checkpointer, stop, dist_info, start_step)
+        result = _loop(cfg, model, optimizer, fp8, checkpointer, local, stop, dist_info, start_step)
     except BaseException:
+        local.abandon()  # its writer may wait on a rank that is gone: what it left is never counted
         checkpointer.close_after_error()  # a pending save may still complete; the first error propagates
         raise
+    local.close()
     checkpointer.close()  # waits for a pending async save: never exit while one is being written
     destroy_distributed()
     return result
@@ -156,7 +178,8 @@ def build_model(model_cfg: ModelConfig, parallel_cfg: ParallelConfig, fp8: Fp8Ba
 
 
 def _loop(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, fp8: Fp8Backend,
-          checkpointer: Checkpointer, stop: StopRequest, dist_info: DistInfo, start_step: int) -> TrainResult:
+          checkpointer: Checkpointer, local: LocalCheckpointer, stop: StopRequest, dist_info: DistInfo,
+          start_step: int) -> TrainResult:
     run = cfg.run
     device = dist_info.device
     total_steps = run.steps
@@ -197,6 +220,7 @@ def _loop(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, 
             # a save's background copy of the state overlaps forward and backward; it must be complete before
             # the step changes the parameters and optimizer state (no-op without a save in flight)
             checkpointer.wait_for_staging()
+            local.wait_for_staging()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             fp8.post_optimizer_step(model)
@@ -222,6 +246,8 @@ def _loop(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, 
             if checkpointer.should_save(done, total_steps):
                 # the final save blocks: the process is about to exit anyway
                 checkpointer.save(done, model, optimizer, blocking=done == total_steps)
+            if local.should_save(done) and done < total_steps:  # the final state is saved durably
+                local.save(done, model, optimizer)
     finally:
         prefetcher.close()
         metrics.close()

@@ -53,7 +53,7 @@ def format_record(record: JobRecord) -> str:
             a.started_at,
             a.ended_at,
             a.step_reached,
-            a.resumed_from_step,
+            _resumed(a.resumed_from_step, a.resumed_from_tier),
             record.steps_lost(a.number),
             a.end_reason,
         )
@@ -65,6 +65,11 @@ def format_record(record: JobRecord) -> str:
     ))
     lines += [f"attempt {a.number} nodes: {', '.join(a.nodes)}" for a in record.attempts]
     return "\n".join(lines)
+
+
+def _resumed(step: int | None, tier: str | None) -> str | int | None:
+    """The RESUMED FROM cell: the step, and its checkpoint tier when the trainer named one ("40 local")."""
+    return f"{step} {tier}" if step is not None and tier else step
 
 
 def states_json(job_id: str, states: Sequence[NodeJobState]) -> dict[str, object]:

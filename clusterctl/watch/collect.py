@@ -79,6 +79,7 @@ class JobView:
     nodes: int | None = None  # the job's node count: a restart waits until that many nodes are ready
     attempt_started_at: datetime.datetime | None = None  # a step record before this is an earlier attempt's
     resumed_from_step: int | None = None  # the checkpoint step this attempt resumed from; None: not reported yet
+    resumed_from_tier: str | None = None  # its checkpoint tier: "local" or "durable"
 
 
 @dataclass(frozen=True)
@@ -296,6 +297,7 @@ def with_record(job: JobView, record: JobRecord) -> JobView:
         max_job_restarts=record.max_job_restarts, reason=record.reason, nodes=record.nodes,
         attempt_started_at=parse_time(current.started_at) if current else None,
         resumed_from_step=current.resumed_from_step if current else None,
+        resumed_from_tier=current.resumed_from_tier if current else None,
     )
 
 

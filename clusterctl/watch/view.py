@@ -139,7 +139,8 @@ def _record_lines(job: JobView) -> list[str]:
         lines.append(f"the job keeper starts attempt {job.attempt + 1} once {_num(job.nodes)} nodes are ready: no "
                      "steps until then")
     elif job.attempt > 1 and job.resumed_from_step is not None:
-        lines.append(f"attempt {job.attempt} resumed from the checkpoint at step {job.resumed_from_step}")
+        tier = f" ({job.resumed_from_tier} tier)" if job.resumed_from_tier else ""
+        lines.append(f"attempt {job.attempt} resumed from the checkpoint at step {job.resumed_from_step}{tier}")
     return lines
 
 

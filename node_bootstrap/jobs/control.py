@@ -97,10 +97,17 @@ def find_last_step(text: str) -> Optional[dict[str, object]]:
 
 
 def find_resumed_from_step(text: str) -> Optional[object]:
-    """The checkpoint step of the trainer's last resume line, {"event": "resume", "step": N, "path": ...}
-    (training/metrics.py; step 0 and path null when it started fresh), in `text`; None before it printed one."""
+    """The checkpoint step of the trainer's last resume line, {"event": "resume", "step": N, "path": ...,
+    "tier": ...} (training/metrics.py; step 0, path null and no tier when it started fresh), in `text`; None
+    before it printed one."""
     event = find_last_event(text, ("resume",))
     return event.get("step") if event else None
+
+
+def find_resumed_from_tier(text: str) -> Optional[object]:
+    """The checkpoint tier of that line: "local" or "durable"; None for a fresh start or before the line."""
+    event = find_last_event(text, ("resume",))
+    return event.get("tier") if event else None
 
 
 def find_busbw(text: str) -> Optional[dict[str, object]]:
@@ -173,6 +180,8 @@ def job_status(settings: JobSettings, job_id: str) -> dict[str, object]:
     # the log's tail while the resume line is in it; after that what the supervisor recorded when it saw it
     resumed = find_resumed_from_step(ends.tail) if ends else None
     result["resumedFromStep"] = resumed if resumed is not None else status.get("resumedFromStep")
+    result["resumedFromTier"] = (find_resumed_from_tier(ends.tail) if resumed is not None and ends
+                                 else status.get("resumedFromTier"))
     result["lastStep"] = step.get("step") if step else None
     result["lastLoss"] = step.get("loss") if step else None
     spec = read_json(files.spec_path) or {}

@@ -33,6 +33,7 @@ from node_bootstrap.jobs.spec import (
     JobSpec,
     build_torchrun_argv,
     checkpoint_dir,
+    local_checkpoint_dir,
     read_json,
     utc_now,
     write_json_atomic,
@@ -140,6 +141,26 @@ def prepare_job_paths(settings: JobSettings, spec: JobSpec, files: JobFiles, acc
     if spec.resume_from and not os.path.isdir(checkpoint_dir(settings, spec.resume_from)):
         raise JobError(f"resume-from={spec.resume_from!r}: no checkpoint directory "
                        f"{checkpoint_dir(settings, spec.resume_from)} on this node")
+    prepare_local_checkpoints(settings, spec.job_id, account)
+
+
+def prepare_local_checkpoints(settings: JobSettings, job_id: str, account: Account) -> None:
+    """The job's local checkpoint tier on this node's scratch, owned by the job user. Other jobs' local
+    checkpoints go: one job runs on a node at a time, their durable checkpoints stay on FSx, and a restart of
+    this job finds its own directory as it left it (a replacement node: empty, the shards come from replicas)."""
+    own = local_checkpoint_dir(settings, job_id)
+    if not own:
+        return
+    root = settings.local_checkpoint_root
+    if os.path.isdir(root):
+        for name in os.listdir(root):
+            other = os.path.join(root, name)
+            if name != job_id and os.path.isdir(other) and not os.path.islink(other):
+                shutil.rmtree(other, ignore_errors=True)
+    if os.path.lexists(own) and not os.path.isdir(own):
+        raise JobError(f"the job's local checkpoint directory {own} exists and is not a directory")
+    os.makedirs(own, exist_ok=True)
+    give_to(account, own)
 
 
 @contextlib.contextmanager

@@ -7,6 +7,7 @@ from node_bootstrap.config import ConfigError, load_node_config
 from node_bootstrap.jobs.errors import EXIT_USAGE, JobError
 
 DEFAULT_NODE_CONFIG = "/etc/cluster/node-config.json"
+LOCAL_CHECKPOINTS = "checkpoints"  # under the node's scratch: the local checkpoint tier of the job running there
 
 
 def under_root(root: str, path: str) -> str:
@@ -30,6 +31,8 @@ class JobSettings:
     # load_settings always reads these two from the node config; the defaults (the stack's) serve direct callers
     hang_timeout_s: float = 1800.0  # training.jobHangTimeoutSeconds: no trainer step for this long -> hung; 0: off
     start_timeout_s: float = 3600.0  # training.jobStartTimeoutSeconds: the same for the first step after a (re)start
+    # <scratch.mountPoint>/checkpoints: the local checkpoint tier's <root>/<job id> on the node's NVMe; "": none
+    local_checkpoint_root: str = ""
 
 
 def load_settings(root: str = "/", node_config: str = DEFAULT_NODE_CONFIG) -> JobSettings:
@@ -52,4 +55,5 @@ def load_settings(root: str = "/", node_config: str = DEFAULT_NODE_CONFIG) -> Jo
         log_group_name=config.logging.log_group_name,
         hang_timeout_s=float(training.job_hang_timeout_seconds),
         start_timeout_s=float(training.job_start_timeout_seconds),
+        local_checkpoint_root=os.path.join(under_root(root, config.scratch.mount_point), LOCAL_CHECKPOINTS),
     )

@@ -50,6 +50,8 @@ MODULES = (TRAINING_MODULE, COMMCHECK_MODULE)
 _OPTION_KEY_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 # A job's checkpoints go to <checkpointRoot>/<job id> and nowhere else: the launcher sets this key itself.
 CHECKPOINT_DIR_KEY = "checkpoint.dir"
+# ... and its local checkpoint tier to <scratch>/checkpoints/<job id> on each node (training.checkpoint.local_tier)
+LOCAL_CHECKPOINT_DIR_KEY = "checkpoint.local_dir"
 
 
 def utc_now() -> str:
@@ -122,7 +124,12 @@ class JobSpec:
 def check_not_checkpoint_dir(item: str) -> None:
     """A --set of checkpoint.dir is refused: jobs write only their own directory, and --resume auto loads
     only from there (a directory another job or the checkpoint bucket fills is trusted only on request)."""
-    if item.split("=", 1)[0].strip() == CHECKPOINT_DIR_KEY:
+    key = item.split("=", 1)[0].strip()
+    if key == LOCAL_CHECKPOINT_DIR_KEY:
+        raise JobError(f"overrides item {item!r}: not allowed: a job's local checkpoints go to the node's scratch, "
+                       "<scratch>/checkpoints/<job id>; set checkpoint.local_interval_steps to use them (0: off)",
+                       EXIT_USAGE)
+    if key == CHECKPOINT_DIR_KEY:
         raise JobError(f"overrides item {item!r}: not allowed: a job's checkpoints go to <checkpoint root>/<job "
                        "id>; to start from another job's checkpoints, resume from that job (clusterctl submit "
                        "--resume-from JOB)", EXIT_USAGE)
@@ -145,6 +152,12 @@ def validate_job_id(job_id: str) -> None:
     if not JOB_ID_RE.fullmatch(job_id):
         raise JobError(f"job-id={job_id!r}: allowed: 3-63 of a-z 0-9 -, starting with a letter or digit",
                        EXIT_USAGE)
+
+
+def local_checkpoint_dir(settings: JobSettings, job_id: str) -> str:
+    """The job's local checkpoint tier on this node ("" when the settings name no scratch)."""
+    root = settings.local_checkpoint_root
+    return os.path.join(root, job_id) if root else ""
 
 
 def checkpoint_dir(settings: JobSettings, job_id: str) -> str:
@@ -232,7 +245,10 @@ def build_torchrun_argv(settings: JobSettings, spec: JobSpec) -> list[str]:
         argv += ["--resume-from-dir", checkpoint_dir(settings, spec.resume_from)]
     for item in spec.overrides:
         argv += ["--set", item]
-    # last, so that it wins over the config file and anything before it (the trainer's --set: the last wins)
+    # last, so that they win over the config file and anything before (the trainer's --set: the last wins)
+    local = local_checkpoint_dir(settings, spec.job_id)
+    if local:
+        argv += ["--set", f"{LOCAL_CHECKPOINT_DIR_KEY}={local}"]
     return argv + ["--set", f"{CHECKPOINT_DIR_KEY}={checkpoint_dir(settings, spec.job_id)}"]
 
 

@@ -191,6 +191,7 @@ class Supervisor:
             event = find_last_event(line.decode("utf-8", "replace"), ("resume",))
             if event is not None:
                 self.status["resumedFromStep"] = event.get("step")
+                self.status["resumedFromTier"] = event.get("tier")
                 write_json_atomic(self.files.status_path, self.status)
 
     def _log_line(self, log: BinaryIO, text: str) -> None:

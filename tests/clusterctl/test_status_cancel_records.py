@@ -20,7 +20,8 @@ def two_attempts(cluster):
         Attempt(1, [a, b], cluster.private_ips[0], "2026-11-20T23:15:02Z", ended_at="2026-11-20T23:40:00Z",
                 end_reason=f"node {b} terminated (Auto Scaling: EC2 Instance Terminate Successful)",
                 step_reached=120, resumed_from_step=0),
-        Attempt(2, [a, c], cluster.private_ips[0], "2026-11-20T23:48:00Z", resumed_from_step=100),
+        Attempt(2, [a, c], cluster.private_ips[0], "2026-11-20T23:48:00Z", resumed_from_step=100,
+                resumed_from_tier="local"),
     ]
 
 
@@ -41,8 +42,8 @@ def test_status_shows_every_attempt_above_the_current_nodes_and_records_their_an
     assert lines[4].split()[:8] == ["1", "2", cluster.private_ips[0], "2026-11-20T23:15:02Z",
                                     "2026-11-20T23:40:00Z", "120", "0", "20"]
     assert lines[4].endswith(f"node {b} terminated (Auto Scaling: EC2 Instance Terminate Successful)")
-    assert lines[5].split() == ["2", "2", cluster.private_ips[0], "2026-11-20T23:48:00Z", "-", "140", "100", "-",
-                                "-"]
+    assert lines[5].split() == ["2", "2", cluster.private_ips[0], "2026-11-20T23:48:00Z", "-", "140", "100",
+                                "local", "-", "-"]  # resumed from step 100 of the local checkpoint tier
     assert lines[6:8] == [f"attempt 1 nodes: {a}, {b}", f"attempt 2 nodes: {a}, {c}"]
     assert lines[8] == ""
     assert lines[9].split()[0] == "INSTANCE"

@@ -55,6 +55,7 @@ def test_a_lost_rendezvous_node_is_replaced_and_the_job_resumes_bit_exact(drill,
     assert second.step_reached == STEPS
     resumed = second.resumed_from_step
     assert resumed and resumed % CHECKPOINT_INTERVAL == 0
+    assert second.resumed_from_tier == "durable"  # no local tier in this job: the FSx checkpoint, as before
     steps_lost = done.steps_lost(1)
     assert steps_lost is not None and 0 <= steps_lost <= CHECKPOINT_INTERVAL
 

@@ -1,6 +1,8 @@
-"""Hot spares (the spareNodes setting), drilled: a job on NodeCount nodes leaves the spare idle, and when one of
-its nodes is lost the keeper's next round restarts it on the survivor and the spare, without waiting for the
-replacement to boot (minutes on a P5); the replacement becomes the next spare.
+"""Hot spares (the spareNodes setting) and the local checkpoint tier, drilled together: a job on NodeCount nodes
+leaves the spare idle, and when one of its nodes is lost the keeper's next round restarts it on the survivor and
+the spare, without waiting for the replacement to boot (minutes on a P5); the replacement becomes the next
+spare. The restart resumes from the local tier: the survivor's own shards, and the lost node's from the replica
+the survivor holds, fetched by the spare; the losses after it are a straight run's, bit for bit.
 
 The drill measures what the CPU cluster can: the seconds from the node's loss to the job's first resumed step
 and the steps lost. docs/operations.md ("Hot spares") sets them beside the parts a real failure adds.
@@ -13,32 +15,47 @@ import time
 
 import pytest
 from aws_events import autoscaling_event, scheduled_event
-from keeper_drill import CHECKPOINT_INTERVAL, DRILL_TIMEOUT_S, JOB_OVERRIDES, RESUME_LINE, STEPS, step_records
+from keeper_drill import DRILL_TIMEOUT_S, JOB_OVERRIDES, RESUME_LINE, losses, step_records
+from torchrun_support import SMALL, torchrun
 
 from node_bootstrap.jobs.attempt_log import attempt_part
 
 pytestmark = pytest.mark.slow
 
+LOCAL_INTERVAL = 10
+SPARE_STEPS = 40
+# no durable save before the last step: only the local tier can serve a restart at step ~20
+SPARE_JOB = [*JOB_OVERRIDES, f"run.steps={SPARE_STEPS}", "checkpoint.interval_steps=50",
+             f"checkpoint.local_interval_steps={LOCAL_INTERVAL}"]
+COUNTED = "local checkpoint step 20 complete on every rank"
 
-def attempt_2_started(drill, job_id: str, nodes: list[str]) -> tuple[int, int] | None:
-    """(the step attempt 2 resumed from, its first step) once it logged both, from attempt 2's part of the logs."""
+
+def attempt_2_started(drill, job_id: str, nodes: list[str]) -> tuple[dict, int] | None:
+    """(attempt 2's resume line, its first step) once it logged both, from attempt 2's part of the logs."""
     resumed = steps = None
     for node in nodes:
         _, part = attempt_part("", drill.cluster.nodes[node].job_log(job_id), 2)
         for line in part.splitlines():
             if RESUME_LINE in line and resumed is None:
                 try:
-                    resumed = json.loads(line[line.index(RESUME_LINE):])["step"]
+                    resumed = json.loads(line[line.index(RESUME_LINE):])
                 except ValueError:
                     pass  # still being written
         steps = steps or [r["step"] for r in step_records(part)]
     return (resumed, min(steps)) if resumed is not None and steps else None
 
 
-def test_a_lost_node_restarts_at_once_on_the_spare(drills):
+def attempt_2_losses(drill, job_id: str, nodes: list[str]) -> dict[int, float]:
+    """Rank 0's losses in attempt 2 (the node it ran on has them)."""
+    parts = [attempt_part("", drill.cluster.nodes[n].job_log(job_id), 2)[1] for n in nodes]
+    (rank0,) = [part for part in parts if losses(part)]
+    return losses(rank0)
+
+
+def test_a_lost_node_restarts_at_once_on_the_spare_from_the_local_tier(drills, tmp_path):
     drill = drills(spare_nodes=1)
     submitted = drill.clusterctl("submit", "--config", "training/configs/tiny-cpu.toml", "--max-restarts", "0",
-                                 *(f"--set={o}" for o in JOB_OVERRIDES))
+                                 *(f"--set={o}" for o in SPARE_JOB))
     assert submitted.code == 0, submitted
     assert ("clusterctl: note: 1 node stays idle as a hot spare: if the job loses a node, the job keeper restarts "
             "it on a spare in its next round") in submitted.err
@@ -49,8 +66,12 @@ def test_a_lost_node_restarts_at_once_on_the_spare(drills):
     nodes = drill.clusterctl("nodes")
     assert "3 of 3 nodes ready (DrillStack: 2 x p5.48xlarge for jobs + 1 spare, capacity on-demand)" in nodes.out
 
-    drill.wait_for_step(job_id, 12)
+    drill.wait_for_step(job_id, 1)
     assert drill.event(scheduled_event())["state"] == "running"
+    deadline = time.monotonic() + DRILL_TIMEOUT_S
+    while not any(COUNTED in drill.cluster.nodes[n].job_log(job_id) for n in first.nodes):
+        assert time.monotonic() < deadline, "local step 20 never counted"
+        time.sleep(0.02)
     lost = first.nodes[1]
     lost_at = time.monotonic()
     replacement = drill.cluster.lose(lost)  # not booted yet: on a P5 that takes minutes
@@ -65,7 +86,11 @@ def test_a_lost_node_restarts_at_once_on_the_spare(drills):
         assert time.monotonic() < deadline, "attempt 2 logged no step"
         time.sleep(0.05)
     seconds = time.monotonic() - lost_at
-    resumed, step = started
+    resume_line, step = started
+    resumed = resume_line["step"]
+    # the survivor's own shards and the lost node's replica, which the spare fetched from the survivor
+    assert (resume_line["tier"], resume_line["fetched"]) == ("local", 1), resume_line
+    assert resumed % LOCAL_INTERVAL == 0 and resumed >= 20
 
     drill.cluster.boot(replacement)  # it becomes the next spare: the running job is left alone
     launched = drill.event(autoscaling_event("EC2 Instance Launch Successful", replacement))
@@ -74,9 +99,20 @@ def test_a_lost_node_restarts_at_once_on_the_spare(drills):
     done = drill.until(job_id, lambda r: r.state not in ("starting", "running", "restarting"), "a final state")
     assert done.state == "succeeded", done
     steps_lost = done.steps_lost(1)
-    assert steps_lost is not None and 0 <= steps_lost <= CHECKPOINT_INTERVAL
-    assert done.attempts[1].step_reached == STEPS
-    assert resumed == done.attempts[1].resumed_from_step and step == resumed + 1
+    assert steps_lost is not None and 0 <= steps_lost <= LOCAL_INTERVAL
+    assert done.attempts[1].step_reached == SPARE_STEPS
+    assert (done.attempts[1].resumed_from_step, done.attempts[1].resumed_from_tier) == (resumed, "local")
+    assert step == resumed + 1
+    status = drill.clusterctl("status", job_id)
+    assert f" {resumed} local " in status.out, status.out  # the RESUMED FROM cell of attempt 2
+
+    # bit for bit the straight run's losses from the resumed step on (2 ranks, the same config, no failure)
+    after_restart = {s: v for s, v in attempt_2_losses(drill, job_id, done.attempts[1].nodes).items() if s > resumed}
+    extra = [o for o in SPARE_JOB if o not in SMALL] + [f"checkpoint.dir={tmp_path / 'straight'}"]
+    straight = torchrun(extra, resume="none")
+    assert straight.returncode == 0, straight.output[-3000:]
+    assert after_restart == {s: v for s, v in straight.losses.items() if s > resumed}
+    assert sorted(after_restart) == list(range(resumed + 1, SPARE_STEPS + 1))
     print(f"spare drill: {seconds:.1f} s from the node's loss to step {step}, the first resumed step "
-          f"(resumed from step {resumed}; {steps_lost} steps lost)")
+          f"(resumed from local step {resumed}, 1 shard from its replica; {steps_lost} steps lost)")
     assert seconds < DRILL_TIMEOUT_S

@@ -62,6 +62,28 @@ def test_checkpoint_dir_is_the_jobs_own_unless_it_resumes_another_job_on_request
     assert argv[-1] == f"checkpoint.dir={node.root}/fsx/checkpoints/j-ck-4"  # saves go to its own
 
 
+
+def test_the_job_gets_its_local_checkpoint_dir_on_scratch_and_other_jobs_ones_go(node_factory):
+    node = node_factory("exit", exit_code=0)
+    scratch = node.root / "scratch/checkpoints"
+    (scratch / "j-before/step-8/rank-0").mkdir(parents=True)  # a finished job's local tier on this node
+    node.start("j-local-1")
+    argv = json.loads((node.root / "var/lib/cluster/jobs/j-local-1/job.json").read_text())["argv"]
+    assert argv[-4:] == ["--set", f"checkpoint.local_dir={scratch}/j-local-1",
+                         "--set", f"checkpoint.dir={node.root}/fsx/checkpoints/j-local-1"]
+    own = scratch / "j-local-1"
+    assert own.is_dir() and (own.stat().st_uid, own.stat().st_gid) == (os.getuid(), os.getgid())
+    assert sorted(p.name for p in scratch.iterdir()) == ["j-local-1"]
+
+    refused = node.cli("start", "--job-id", "j-local-2", "--config", "training/configs/tiny-cpu.toml", "--nodes",
+                       "1", "--gpus-per-node", "8", "--rendezvous-host", "10.0.1.17",
+                       "--overrides", "checkpoint.local_dir=/tmp/x", check=False)
+    assert refused.returncode == jobs.EXIT_USAGE
+    assert json.loads(refused.stdout)["error"] == (
+        "overrides item 'checkpoint.local_dir=/tmp/x': not allowed: a job's local checkpoints go to the node's "
+        "scratch, <scratch>/checkpoints/<job id>; set checkpoint.local_interval_steps to use them (0: off)")
+
+
 # Records who the job runs as and what it may write, under the system Python (nobody can read the venv's).
 WHOAMI_PYTHON = """\
 #!/usr/bin/python3

@@ -222,3 +222,16 @@ def test_the_resume_line_says_where_the_run_started_on_every_nodes_first_rank():
     log = '{"event": "resume", "step": 0, "path": null}\n{"event": "step", "step": 1100, "loss": 2.0}\n'
     assert find_resumed_from_step(log + "[rank0]:" + resumed) == 1200
     assert find_resumed_from_step(log) == 0 and find_resumed_from_step('{"event": "step", "step": 3}') is None
+
+
+def test_the_resume_line_names_the_tier_and_the_fetched_shards():
+    from node_bootstrap.jobs import find_resumed_from_tier
+
+    out = io.StringIO()
+    log_resume(MetricsConfig(), rank=0, local_rank=0, step=40, path="/scratch/checkpoints/j-1/step-40/rank-0",
+               stdout=out, tier="local", fetched=8)
+    assert json.loads(out.getvalue()) == {"event": "resume", "step": 40,
+                                          "path": "/scratch/checkpoints/j-1/step-40/rank-0", "tier": "local",
+                                          "fetched": 8}
+    assert find_resumed_from_tier(out.getvalue()) == "local"
+    assert find_resumed_from_tier('{"event": "resume", "step": 0, "path": null}') is None  # a fresh start

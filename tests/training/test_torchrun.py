@@ -115,7 +115,7 @@ def test_resume_is_bit_exact(straight, split, tmp_path):
     # one resume line per run, from rank 0 (one node), before the first step line: what the jobs launcher
     # reads from the job log as resumedFromStep
     assert run.resumes == first.resumes == [{"event": "resume", "step": 0, "path": None}]
-    assert second.resumes == [{"event": "resume", "step": 10, "path": f"{split_root}/step-10"}]
+    assert second.resumes == [{"event": "resume", "step": 10, "path": f"{split_root}/step-10", "tier": "durable"}]
     assert second.output.index('"event": "resume"') < second.output.index('"event": "step"')
     from node_bootstrap.jobs import find_resumed_from_step
     assert find_resumed_from_step(second.output) == 10
@@ -214,7 +214,8 @@ def test_sigterm_on_one_rank_saves_a_complete_checkpoint_and_exits_0(faults):
 def test_resume_continues_from_the_sigterm_checkpoint(faults):
     assert f"resumed from {faults.root}/step-{faults.sigterm_step} " in faults.killed.output
     assert faults.killed.resumes == [
-        {"event": "resume", "step": faults.sigterm_step, "path": f"{faults.root}/step-{faults.sigterm_step}"}]
+        {"event": "resume", "step": faults.sigterm_step, "path": f"{faults.root}/step-{faults.sigterm_step}",
+         "tier": "durable"}]
     assert faults.killed.steps[0]["step"] == faults.sigterm_step + 1
 
 

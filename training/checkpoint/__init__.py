@@ -11,9 +11,15 @@ One concept per module; imports point down this list and never back up:
 - ``checkpointer``: the ``Checkpointer`` a training run saves and loads with (blocking and async saves,
   completion, pruning).
 
-These are the durable checkpoints (``checkpoint.dir`` on the shared file system). Another tier with its own
-placement (for example node-local saves copied to a partner node) belongs beside them as modules of its own,
-reusing ``layout``, ``state`` and ``verify``.
+These are the durable checkpoints (``checkpoint.dir`` on the shared file system). The local tier (each rank's
+shard on its node's own storage, a replica on the next node) reuses ``layout``, ``state``, ``verify`` and
+``staging`` in modules of its own:
+
+- ``local_layout``: its on-disk layout (``step-<N>/rank-<R>/``, the ``shard.json`` marker with a sha256 per
+  file), what a node holds, pruning; no torch.
+- ``shard_transfer``: one shard from rank to rank over gloo (the replica ring, a resume's fetches).
+- ``local_tier``: the ``LocalCheckpointer`` that saves, replicates and counts local steps.
+- ``local_resume``: which local step a restart takes, fetching what a node lacks, and the load.
 
 Every module logs as ``training.checkpoint``. This file imports nothing: import the module you need.
 """

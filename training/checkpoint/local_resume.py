@@ -1,0 +1,166 @@
+"""A resume from the local tier (``local_tier``): which step, where each rank's shard comes from, the load.
+
+At a start with ``--resume auto`` every rank takes part, over the tier's gloo group:
+
+1. each rank lists the shards its node holds (``local_layout.inventory``: markers only) and the lists are
+   gathered: a step is a candidate when, at the world size of this run, every rank's shard is held by some
+   node and it is no older than the newest durable checkpoint (at a tie the local tier wins: nothing to read
+   from the shared file system);
+2. for the newest candidate, the ranks of each node verify that node's copies (every file's sha256 against
+   its marker, the node's shards split among its ranks) and the results are gathered: a shard counts only
+   where a copy passed. A step with any rank's shard missing everywhere, or only damaged, is passed over for
+   the next older one;
+3. a rank whose node holds no verified copy of its shard gets one from a node that does (the lost node's
+   ranks from their replica, or every shard when torchrun numbered the nodes anew), one transfer at a time in
+   an order every rank computed alike (``shard_transfer.send_shard`` / ``receive_shard``); the receiver checks
+   the digests again before it publishes the copy on its own node;
+4. the ranks agree that every fetch arrived whole; then each loads its own shard from its own node with DCP.
+
+No candidate (or none that passes): ``None``, and the run resumes from the durable tier as before.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+
+from training.checkpoint.local_layout import inventory, remove_steps, shard_dir, single_process_dcp, verify_shard
+from training.checkpoint.local_tier import LocalCheckpointer, localize, merge_loaded
+from training.checkpoint.shard_transfer import receive_shard, send_shard
+from training.checkpoint.state import build_state, load_into
+
+log = logging.getLogger("training.checkpoint")
+
+
+@dataclass(frozen=True)
+class LocalResume:
+    """The local step every rank agreed to resume from."""
+
+    step: int
+    path: Path  # this rank's shard, on its own node (after a fetch, the copy it received)
+    fetched: int  # shards every rank together fetched from another node
+
+
+@dataclass(frozen=True)
+class _Copies:
+    """Where the shards of one step are: {shard rank: nodes holding a copy}."""
+
+    step: int
+    nodes_of: dict[int, set[int]]
+
+
+def choose_local_resume(local: LocalCheckpointer, *, not_older_than: int) -> LocalResume | None:
+    """The newest local step complete across the live nodes and no older than ``not_older_than``, with every
+    rank's shard on its own node; None when there is none. Collective over the tier's group."""
+    if local.root is None:
+        return None
+    world, per_node = local.world_size, local.local_world_size
+    node = local.rank // per_node
+    held = inventory(local.root)
+    mine = {step: sorted(r for r, info in shards.items() if info.world_size == world)
+            for step, shards in held.items()}
+    gathered = _all_gather(local, (node, mine))
+    copies: dict[int, dict[int, set[int]]] = {}
+    for their_node, steps in gathered:
+        for step, ranks in steps.items():
+            for r in ranks:
+                copies.setdefault(step, {}).setdefault(r, set()).add(their_node)
+    candidates = sorted((s for s, by_rank in copies.items() if s >= not_older_than and len(by_rank) == world),
+                        reverse=True)
+    for step in candidates:
+        verified = _verify_step(local, step, node, sorted(mine.get(step, [])), held)
+        missing = [r for r in range(world) if not verified.nodes_of.get(r)]
+        if missing:
+            if local.rank == 0:
+                log.warning("local checkpoint step %d: no verified copy of the shards of ranks %s on a live node; "
+                            "trying an older step", step, missing)
+            continue
+        fetched = _fetch(local, verified)
+        if fetched is None:
+            if local.rank == 0:
+                log.warning("local checkpoint step %d: a shard fetched from another node arrived damaged; trying "
+                            "an older step", step)
+            continue
+        return LocalResume(step=step, path=shard_dir(local.root, step, local.rank), fetched=fetched)
+    return None
+
+
+def load_local(choice: LocalResume, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Load this rank's shard of the chosen step into the (already sharded) model and optimizer."""
+    state = build_state(model, optimizer)  # shares storage with the model: the local tensors load in place
+    own = localize(state)
+    with single_process_dcp():
+        dcp.load(own, checkpoint_id=str(choice.path), no_dist=True)
+    load_into(model, optimizer, merge_loaded(state, own))
+
+
+def keep_only(local: LocalCheckpointer, step: int | None) -> None:
+    """After the resume decision: every local step but the one resumed from goes (older ones are superseded,
+    newer ones incomplete); the resumed one counts, so it is kept until newer ones do."""
+    if local.root is None:
+        return
+    if local.rank % local.local_world_size == 0:
+        removed = remove_steps(local.root, {step} if step is not None else set(), newer_than=-1)
+        if removed:
+            log.info("local checkpoint: deleted steps %s on this node (not the one resumed from)", removed)
+    if step is not None:
+        local.counted = [step]
+    if local.group is not None:
+        dist.barrier(group=local.group)  # no rank saves into a directory another is deleting
+
+
+def _all_gather(local: LocalCheckpointer, value: object) -> list:
+    if local.group is None:
+        return [value]
+    out: list = [None] * local.world_size
+    dist.all_gather_object(out, value, group=local.group)
+    return out
+
+
+def _verify_step(local: LocalCheckpointer, step: int, node: int, present: list[int], held: dict) -> _Copies:
+    """Each node's copies of ``step``, checked by that node's ranks (a share each), gathered."""
+    assert local.root is not None
+    share = [r for i, r in enumerate(present) if i % local.local_world_size == local.rank % local.local_world_size]
+    passed = []
+    for r in share:
+        problem = verify_shard(shard_dir(local.root, step, r), held[step][r])
+        if problem is None:
+            passed.append(r)
+        else:
+            log.warning("local checkpoint step %d: the copy of rank %d's shard on this node failed verification: "
+                        "%s", step, r, problem)
+    nodes_of: dict[int, set[int]] = {}
+    for their_node, ranks in _all_gather(local, (node, passed)):
+        for r in ranks:
+            nodes_of.setdefault(r, set()).add(their_node)
+    return _Copies(step, nodes_of)
+
+
+def _fetch(local: LocalCheckpointer, copies: _Copies) -> int | None:
+    """Bring each rank a verified copy of its shard on its own node; the number of shards moved, or None
+    (on every rank) when one arrived damaged."""
+    assert local.root is not None
+    per_node = local.local_world_size
+    transfers = []  # (shard rank = the rank that needs it, the rank that sends it), in one order everywhere
+    for r in range(local.world_size):
+        holders = copies.nodes_of[r]
+        if r // per_node in holders:
+            continue
+        source_node = min(holders)
+        transfers.append((r, source_node * per_node + r % per_node))
+    ok = True
+    for needed_by, sender in transfers:
+        if local.rank == sender:
+            send_shard(local.group, shard_dir(local.root, copies.step, needed_by), needed_by)
+        elif local.rank == needed_by:
+            ok = receive_shard(local.group, sender, local.root) is not None and ok
+    if transfers and local.rank == 0:
+        log.info("local checkpoint step %d: %d shard(s) fetched from another node: %s", copies.step,
+                 len(transfers), ", ".join(f"rank {r} from rank {s}" for r, s in transfers))
+    return len(transfers) if local.agree(ok) else None
