@@ -22,6 +22,7 @@ from cluster_jobs.table import JobRecord, JobTable
 from clusterctl import cli
 from job_keeper.handler import handler
 from job_keeper.keeper import Clients, Keeper, KeeperSettings
+from node_bootstrap.jobs.attempt_log import attempt_part
 
 DRILL_TIMEOUT_S = 300.0
 CHECKPOINT_INTERVAL = 5
@@ -123,6 +124,30 @@ def last_logged_step(log: str) -> int:
 
 def losses(log: str) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in step_records(log) if "loss" in r}
+
+
+def attempt_2_started(drill: Drill, job_id: str, nodes: list[str]) -> tuple[dict, int] | None:
+    """(attempt 2's resume line, its first step) once it logged both, from attempt 2's part of the logs."""
+    resumed = steps = None
+    for node in nodes:
+        _, part = attempt_part("", drill.cluster.nodes[node].job_log(job_id), 2)
+        for line in part.splitlines():
+            if RESUME_LINE in line and resumed is None:
+                try:
+                    resumed = json.loads(line[line.index(RESUME_LINE):])
+                except ValueError:
+                    pass  # still being written
+        steps = steps or [r["step"] for r in step_records(part)]
+    return (resumed, min(steps)) if resumed is not None and steps else None
+
+
+def wait_for_attempt_2(drill: Drill, job_id: str, nodes: list[str]) -> tuple[dict, int]:
+    """attempt_2_started, polled until attempt 2 logged its resume line and a step (what a drill times)."""
+    deadline = time.monotonic() + DRILL_TIMEOUT_S
+    while (started := attempt_2_started(drill, job_id, nodes)) is None:
+        assert time.monotonic() < deadline, "attempt 2 logged no step"
+        time.sleep(0.05)
+    return started
 
 
 def submit_argv(overrides: list[str]) -> list[str]:

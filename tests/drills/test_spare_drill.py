@@ -10,12 +10,11 @@ and the steps lost. docs/operations.md ("Hot spares") sets them beside the parts
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 from aws_events import autoscaling_event, scheduled_event
-from keeper_drill import DRILL_TIMEOUT_S, JOB_OVERRIDES, RESUME_LINE, losses, step_records
+from keeper_drill import DRILL_TIMEOUT_S, JOB_OVERRIDES, losses, wait_for_attempt_2
 from torchrun_support import SMALL, torchrun
 
 from node_bootstrap.jobs.attempt_log import attempt_part
@@ -28,21 +27,6 @@ SPARE_STEPS = 40
 SPARE_JOB = [*JOB_OVERRIDES, f"run.steps={SPARE_STEPS}", "checkpoint.interval_steps=50",
              f"checkpoint.local_interval_steps={LOCAL_INTERVAL}"]
 COUNTED = "local checkpoint step 20 complete on every rank"
-
-
-def attempt_2_started(drill, job_id: str, nodes: list[str]) -> tuple[dict, int] | None:
-    """(attempt 2's resume line, its first step) once it logged both, from attempt 2's part of the logs."""
-    resumed = steps = None
-    for node in nodes:
-        _, part = attempt_part("", drill.cluster.nodes[node].job_log(job_id), 2)
-        for line in part.splitlines():
-            if RESUME_LINE in line and resumed is None:
-                try:
-                    resumed = json.loads(line[line.index(RESUME_LINE):])
-                except ValueError:
-                    pass  # still being written
-        steps = steps or [r["step"] for r in step_records(part)]
-    return (resumed, min(steps)) if resumed is not None and steps else None
 
 
 def attempt_2_losses(drill, job_id: str, nodes: list[str]) -> dict[int, float]:
@@ -81,12 +65,8 @@ def test_a_lost_node_restarts_at_once_on_the_spare_from_the_local_tier(drills, t
     second = drill.record(job_id).attempts[1]
     assert sorted(second.nodes) == sorted([first.nodes[0], spare]) and replacement not in second.nodes
 
-    deadline = time.monotonic() + DRILL_TIMEOUT_S
-    while (started := attempt_2_started(drill, job_id, second.nodes)) is None:
-        assert time.monotonic() < deadline, "attempt 2 logged no step"
-        time.sleep(0.05)
+    resume_line, step = wait_for_attempt_2(drill, job_id, second.nodes)
     seconds = time.monotonic() - lost_at
-    resume_line, step = started
     resumed = resume_line["step"]
     # the survivor's own shards and the lost node's replica, which the spare fetched from the survivor
     assert (resume_line["tier"], resume_line["fetched"]) == ("local", 1), resume_line
