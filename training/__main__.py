@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--resume", default="auto", metavar="auto|none|PATH",
-        help="auto (default): continue from the newest complete checkpoint under checkpoint.dir, if any; "
+        help="auto (default): continue from the newest complete checkpoint under checkpoint.dir, or from a "
+        "step of the local tier (checkpoint.local_dir) at least as new whose every rank's shard is on some node; "
         "none: start fresh; PATH: load that checkpoint directory (step-<N>), which must be complete",
     )
     parser.add_argument(

@@ -29,7 +29,7 @@ from training.checkpoint.local_layout import (
     verify_shard,
     write_shard_marker,
 )
-from training.checkpoint.local_resume import choose_local_resume
+from training.checkpoint.local_resume import choose_local_resume, load_local
 from training.checkpoint.local_tier import LocalCheckpointer
 from training.config import load_config
 from training.errors import ConfigError
@@ -212,3 +212,41 @@ def test_a_damaged_local_step_is_passed_over_for_an_older_one(one_rank, tmp_path
     choice = choose_local_resume(one_rank, not_older_than=0)
     assert (choice.step, choice.fetched, choice.path) == (8, 0, shard_dir(tmp_path, 8, 0))
     assert "no verified copy of the shards of ranks [0] on a live node; trying an older step" in caplog.text
+
+
+def tiny_model_and_optimizer(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.randn(4, 8)).sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def test_a_local_save_in_one_process_loads_back_bit_exact(one_rank, tmp_path):
+    model, optimizer = tiny_model_and_optimizer(seed=0)
+    one_rank.save(4, model, optimizer)
+    one_rank.wait()
+    assert one_rank.counted == [4]
+    fresh, fresh_optimizer = tiny_model_and_optimizer(seed=1)
+    load_local(choose_local_resume(one_rank, not_older_than=0), fresh, fresh_optimizer)
+    for a, b in zip(model.parameters(), fresh.parameters(), strict=True):
+        assert torch.equal(a, b)
+    for a, b in zip(optimizer.state.values(), fresh_optimizer.state.values(), strict=True):
+        assert all(torch.equal(a[k], b[k]) for k in ("exp_avg", "exp_avg_sq", "step"))
+
+
+def test_a_local_save_that_cannot_be_written_is_logged_and_not_counted(tmp_path, caplog):
+    not_a_dir = tmp_path / "scratch-file"
+    not_a_dir.write_text("")
+    cfg = load_config(None, [f"checkpoint.local_dir={not_a_dir}", "checkpoint.local_interval_steps=4"]).checkpoint
+    local = LocalCheckpointer(cfg, rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"))
+    model, optimizer = tiny_model_and_optimizer(seed=0)
+    try:
+        local.save(4, model, optimizer)
+        local.wait()  # training goes on: the durable tier is the source of truth
+        assert local.counted == [] and local.enabled
+        assert "local checkpoint step 4: rank 0's shard not saved: " in caplog.text
+        assert "local checkpoint step 4 is incomplete (a shard or a replica failed): not counted" in caplog.text
+    finally:
+        local.close()
