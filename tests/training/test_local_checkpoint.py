@@ -250,3 +250,34 @@ def test_a_local_save_that_cannot_be_written_is_logged_and_not_counted(tmp_path,
         assert "local checkpoint step 4 is incomplete (a shard or a replica failed): not counted" in caplog.text
     finally:
         local.close()
+
+
+def test_a_receiver_that_cannot_write_still_takes_every_chunk_and_keeps_nothing(tmp_path, caplog):
+    from training.checkpoint.shard_transfer import _chunk_sizes, _Incoming, _outgoing
+
+    sent = write_shard(tmp_path / "sender", 4, 1)
+    outgoing = _outgoing(sent)
+    blocked = tmp_path / "full-disk"
+    blocked.write_text("")  # a file where the receiver's directory would go: every write fails
+    incoming = _Incoming(blocked, outgoing.header)
+    assert incoming.problem is not None and incoming.problem.startswith(f"cannot write {blocked}/step-4/rank-1")
+    sizes = _chunk_sizes(incoming.sizes)
+    assert [size for _, size in sizes] == [4, 11]  # .metadata, __0_0.distcp: what the sender sends, in order
+    for index, size in sizes:
+        incoming.write(index, torch.zeros(size, dtype=torch.uint8))  # taken, not written
+    assert incoming.finish() is None
+    assert "the shard of rank 1 step 4 received here is not kept: cannot write" in caplog.text
+
+
+def test_a_sender_whose_file_vanished_sends_zeros_the_digest_refuses(tmp_path, caplog):
+    from training.checkpoint.shard_transfer import _chunks, _Incoming, _outgoing
+
+    sent = write_shard(tmp_path / "sender", 4, 1)
+    outgoing = _outgoing(sent)
+    (sent / "__0_0.distcp").unlink()  # gone after the header was built
+    incoming = _Incoming(tmp_path / "receiver", outgoing.header)
+    for index, chunk in _chunks(outgoing.files):
+        incoming.write(index, torch.frombuffer(bytearray(chunk), dtype=torch.uint8))
+    assert incoming.finish() is None
+    assert "cannot read" in caplog.text and "sha256 differs from its marker" in caplog.text
+    assert inventory(tmp_path / "receiver") == {}

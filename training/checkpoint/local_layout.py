@@ -110,8 +110,11 @@ def verify_shard(path: Path, expected: ShardInfo) -> str | None:
         extra = sorted(present - set(expected.files))
         return f"{path}: files differ from its marker (missing {missing}, unexpected {extra})"
     for name, digest in sorted(expected.files.items()):
-        if file_digest(path / name) != digest:
-            return f"{path / name}: sha256 differs from its marker"
+        try:
+            if file_digest(path / name) != digest:
+                return f"{path / name}: sha256 differs from its marker"
+        except OSError as exc:
+            return f"{path / name}: unreadable: {exc}"
     return None
 
 

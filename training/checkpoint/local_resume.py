@@ -84,8 +84,8 @@ def choose_local_resume(local: LocalCheckpointer, *, not_older_than: int) -> Loc
         fetched = _fetch(local, verified)
         if fetched is None:
             if local.rank == 0:
-                log.warning("local checkpoint step %d: a shard fetched from another node arrived damaged; trying "
-                            "an older step", step)
+                log.warning("local checkpoint step %d: a shard fetched from another node could not be kept "
+                            "(damaged, or not written); trying an older step", step)
             continue
         return LocalResume(step=step, path=shard_dir(local.root, step, local.rank), fetched=fetched)
     return None
@@ -144,7 +144,7 @@ def _verify_step(local: LocalCheckpointer, step: int, node: int, present: list[i
 
 def _fetch(local: LocalCheckpointer, copies: _Copies) -> int | None:
     """Bring each rank a verified copy of its shard on its own node; the number of shards moved, or None
-    (on every rank) when one arrived damaged."""
+    (on every rank) when one could not be kept."""
     assert local.root is not None
     per_node = local.local_world_size
     transfers = []  # (shard rank = the rank that needs it, the rank that sends it), in one order everywhere

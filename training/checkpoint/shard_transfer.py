@@ -51,18 +51,40 @@ def _outgoing(path: Path | None) -> _Outgoing:
     """What to send for the shard at ``path``; an empty header when there is nothing to send."""
     if path is None:
         return _Outgoing(b"", [])
-    info = json.loads((path / SHARD_MARKER).read_text())
-    files = [(path / name, (path / name).stat().st_size) for name in sorted(info["files"])]
+    try:
+        info = json.loads((path / SHARD_MARKER).read_text())
+        files = [(path / name, (path / name).stat().st_size) for name in sorted(info["files"])]
+    except (OSError, ValueError, KeyError) as exc:  # its peer then gets nothing, and knows it at once
+        log.warning("local checkpoint: cannot send the shard at %s: %s", path, exc)
+        return _Outgoing(b"", [])
     header = json.dumps({"marker": info, "sizes": [size for _, size in files]}).encode()
     return _Outgoing(header, files)
 
 
 def _chunks(files: list[tuple[Path, int]]):
-    """(file index, bytes) for every chunk, in order; an empty file has none."""
-    for index, (path, _) in enumerate(files):
-        with open(path, "rb") as f:
-            while chunk := f.read(CHUNK_BYTES):
-                yield index, chunk
+    """(file index, bytes) for every chunk the header announced, in order (an empty file has none). The peer
+    counts on exactly these chunks: a file that cannot be read whole is sent as zeros where it failed, which
+    its digest then refuses, rather than leaving the peer waiting for chunks that never come."""
+    for index, (path, size) in enumerate(files):
+        try:
+            f = open(path, "rb")
+        except OSError as exc:
+            log.warning("local checkpoint: cannot read %s to send it: %s", path, exc)
+            f = None
+        try:
+            for _, length in _chunk_sizes([size]):
+                chunk = b""
+                if f is not None:
+                    try:
+                        chunk = f.read(length)
+                    except OSError as exc:
+                        log.warning("local checkpoint: cannot read %s to send it: %s", path, exc)
+                        f.close()
+                        f = None
+                yield index, chunk.ljust(length, b"\0")[:length]
+        finally:
+            if f is not None:
+                f.close()
 
 
 def _chunk_sizes(sizes: list[int]) -> list[tuple[int, int]]:
@@ -71,7 +93,9 @@ def _chunk_sizes(sizes: list[int]) -> list[tuple[int, int]]:
 
 
 class _Incoming:
-    """A shard being received into ``rank-<R>.partial`` under ``root``."""
+    """A shard being received into ``rank-<R>.partial`` under ``root``. A failure to write here (a full disk)
+    is recorded, not raised: the chunks still have to be received, or the sender would wait for ever; the
+    shard is then not published and ``finish`` says so."""
 
     def __init__(self, root: Path, header: bytes) -> None:
         data = json.loads(header)
@@ -82,28 +106,41 @@ class _Incoming:
                              f"{len(self.info.files)} files")
         self.root = root
         self.partial = partial_dir(root, self.info.step, self.info.rank)
-        shutil.rmtree(self.partial, ignore_errors=True)
-        self.partial.mkdir(parents=True)
         self.names = sorted(self.info.files)
-        for name in self.names:  # every file exists, also an empty one
-            (self.partial / name).touch()
+        self.problem: str | None = None
+        try:
+            shutil.rmtree(self.partial, ignore_errors=True)
+            self.partial.mkdir(parents=True)
+            for name in self.names:  # every file exists, also an empty one
+                (self.partial / name).touch()
+        except OSError as exc:
+            self.problem = f"cannot write {self.partial}: {exc}"
 
     def write(self, index: int, data: torch.Tensor) -> None:
-        with open(self.partial / self.names[index], "ab") as f:
-            f.write(data.numpy().tobytes())
+        if self.problem is not None:
+            return
+        try:
+            with open(self.partial / self.names[index], "ab") as f:
+                f.write(data.numpy().tobytes())
+        except OSError as exc:
+            self.problem = f"cannot write {self.partial / self.names[index]}: {exc}"
 
     def finish(self) -> Path | None:
-        """Verify and publish; the published directory, or None (with a warning) when a file differs."""
-        problem = verify_shard(self.partial, self.info)
-        if problem is not None:
-            log.warning("local checkpoint: received shard of rank %d step %d is damaged, not kept: %s",
-                        self.info.rank, self.info.step, problem)
-            shutil.rmtree(self.partial, ignore_errors=True)
-            return None
-        write_shard_marker(self.partial, self.info)
-        final = shard_dir(self.root, self.info.step, self.info.rank)
-        publish(self.partial, final)
-        return final
+        """Verify and publish; the published directory, or None (with a warning) when it could not be written
+        or a file differs from its digest."""
+        problem = self.problem or verify_shard(self.partial, self.info)
+        if problem is None:
+            try:
+                write_shard_marker(self.partial, self.info)
+                final = shard_dir(self.root, self.info.step, self.info.rank)
+                publish(self.partial, final)
+                return final
+            except OSError as exc:
+                problem = f"cannot publish {self.partial}: {exc}"
+        log.warning("local checkpoint: the shard of rank %d step %d received here is not kept: %s",
+                    self.info.rank, self.info.step, problem)
+        shutil.rmtree(self.partial, ignore_errors=True)
+        return None
 
 
 def _exchange_tensor(group, send: torch.Tensor | None, dst: int | None, recv: torch.Tensor | None,
@@ -131,7 +168,7 @@ def _exchange_header(group, header: bytes, dst: int | None, src: int | None) -> 
 def exchange(group, *, own: Path | None, dst: int, src: int, root: Path) -> Path | None:
     """Send the shard at ``own`` (None: this rank has none to send) to rank ``dst`` while receiving rank
     ``src``'s shard into ``root``. Returns the received shard's directory, or None when ``src`` sent none or
-    it arrived damaged."""
+    it could not be kept."""
     outgoing = _outgoing(own)
     header_in = _exchange_header(group, outgoing.header, dst, src)
     incoming = _Incoming(root, header_in) if header_in else None
@@ -160,8 +197,11 @@ def send_shard(group, path: Path, dst: int) -> None:
 
 def receive_shard(group, src: int, root: Path) -> Path | None:
     """Receive the shard rank ``src`` sends with ``send_shard`` into ``root``; its directory, or None when it
-    arrived damaged."""
+    could not be kept."""
     header = _exchange_header(group, b"", None, src)
+    if not header:  # the sender could not read its copy, and sends nothing else
+        log.warning("local checkpoint: rank %d had no shard to send", src)
+        return None
     incoming = _Incoming(root, header)
     for index, size in _chunk_sizes(incoming.sizes):
         into = torch.empty(size, dtype=torch.uint8)
