@@ -169,3 +169,14 @@ def test_every_field_survives_the_round_trip(table):
     assert "exitCode" not in raw["attempts"]["L"][0]["M"]["nodeReports"]["L"][1]["M"]
     assert written.attempt == 2 and written.restarts == 1 and written.last_step == 120
     assert written.steps_lost(1) == 20 and written.steps_lost(2) is None
+
+
+def test_a_record_written_by_newer_code_still_loads(table):
+    """An attempt field this code does not know (a newer clusterctl or keeper wrote it) is skipped, not fatal."""
+    written = table.create(record(attempts=[Attempt(1, ["i-a", "i-b"], "10.42.1.4", "2026-11-20T23:15:02Z",
+                                                    resumed_from_step=40, resumed_from_tier="local")]))
+    item = table.dynamodb.get_item(TableName=table.table_name, Key={"pk": {"S": written.job_id}})["Item"]
+    item["attempts"]["L"][0]["M"]["resumedFromShard"] = {"S": "a field from the future"}
+    table.dynamodb.put_item(TableName=table.table_name, Item=item)
+    loaded = table.get(written.job_id)
+    assert (loaded.current.resumed_from_step, loaded.current.resumed_from_tier) == (40, "local")

@@ -172,6 +172,11 @@ def test_submit_refuses_another_checkpoint_dir_and_resumes_another_job_only_on_r
         "clusterctl: error: --set 'checkpoint.dir=/fsx/checkpoints/j-20261119-101500-0a0b': not allowed: a "
         "job's checkpoints go to <checkpoint root>/<job id>; to start from another job's checkpoints, resume "
         "from that job (clusterctl submit --resume-from JOB)")
+    local = cli("submit", "--config", "training/configs/tiny-cpu.toml", "--set", "checkpoint.local_dir=/tmp/x")
+    assert local.code == EXIT_USAGE and sent == []
+    assert local.err.startswith(
+        "clusterctl: error: --set 'checkpoint.local_dir=/tmp/x': not allowed: a job's local checkpoints go to the "
+        "node's scratch, <scratch>/checkpoints/<job id>; set checkpoint.local_interval_steps to use them (0: off)")
     bad = cli("submit", "--config", "training/configs/tiny-cpu.toml", "--resume-from", "../j-1")
     assert bad.code == EXIT_USAGE and "--resume-from='../j-1': allowed: the id of an earlier job" in bad.err
     assert sent == []

@@ -75,6 +75,13 @@ def test_the_job_gets_its_local_checkpoint_dir_on_scratch_and_other_jobs_ones_go
     assert own.is_dir() and (own.stat().st_uid, own.stat().st_gid) == (os.getuid(), os.getgid())
     assert sorted(p.name for p in scratch.iterdir()) == ["j-local-1"]
 
+    (scratch / "j-local-3").write_text("")  # something else where the job's directory goes
+    blocked = node.start("j-local-3", check=False)
+    assert blocked.returncode == jobs.EXIT_FAILED
+    assert json.loads(blocked.stdout)["error"] == (
+        f"the job's local checkpoint directory {scratch}/j-local-3 exists and is not a directory")
+    assert (scratch / "j-local-3").is_file()  # left as it was
+
     refused = node.cli("start", "--job-id", "j-local-2", "--config", "training/configs/tiny-cpu.toml", "--nodes",
                        "1", "--gpus-per-node", "8", "--rendezvous-host", "10.0.1.17",
                        "--overrides", "checkpoint.local_dir=/tmp/x", check=False)

@@ -11,6 +11,7 @@ high-precision tensors inside torchao's wrapper subclass (training/checkpoint/st
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -223,13 +224,27 @@ def tiny_model_and_optimizer(seed: int) -> tuple[torch.nn.Module, torch.optim.Op
     return model, optimizer
 
 
-def test_a_local_save_in_one_process_loads_back_bit_exact(one_rank, tmp_path):
+@pytest.mark.parametrize("staging", ["background", "inline"])
+def test_a_local_save_in_one_process_loads_back_bit_exact(staging, tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="training.checkpoint")
+    if staging == "inline":  # a torch without DCP's staging API: described and copied on the loop's thread
+        monkeypatch.setattr("training.checkpoint.local_tier.staging_api_available", lambda: False)
+    cfg = load_config(None, [f"checkpoint.local_dir={tmp_path}", "checkpoint.local_interval_steps=4"]).checkpoint
+    local = LocalCheckpointer(cfg, rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"))
     model, optimizer = tiny_model_and_optimizer(seed=0)
-    one_rank.save(4, model, optimizer)
-    one_rank.wait()
-    assert one_rank.counted == [4]
-    fresh, fresh_optimizer = tiny_model_and_optimizer(seed=1)
-    load_local(choose_local_resume(one_rank, not_older_than=0), fresh, fresh_optimizer)
+    try:
+        local.save(4, model, optimizer)
+        local.wait_for_staging()
+        model(torch.randn(4, 8)).sum().backward()
+        optimizer.step()  # the loop goes on: what was saved is the state at step 4
+        local.wait()
+        assert local.counted == [4]
+        assert "local checkpoint step 4 complete on every rank" in caplog.text
+        fresh, fresh_optimizer = tiny_model_and_optimizer(seed=1)
+        load_local(choose_local_resume(local, not_older_than=0), fresh, fresh_optimizer)
+    finally:
+        local.close()
+    model, optimizer = tiny_model_and_optimizer(seed=0)  # the state at step 4 again
     for a, b in zip(model.parameters(), fresh.parameters(), strict=True):
         assert torch.equal(a, b)
     for a, b in zip(optimizer.state.values(), fresh_optimizer.state.values(), strict=True):
@@ -281,3 +296,26 @@ def test_a_sender_whose_file_vanished_sends_zeros_the_digest_refuses(tmp_path, c
     assert incoming.finish() is None
     assert "cannot read" in caplog.text and "sha256 differs from its marker" in caplog.text
     assert inventory(tmp_path / "receiver") == {}
+
+
+def test_a_failure_of_the_tiers_group_turns_the_tier_off_and_training_goes_on(one_rank, tmp_path, monkeypatch,
+                                                                             caplog):
+    def lost_peer(ok):
+        raise RuntimeError("Connection closed by peer")
+
+    monkeypatch.setattr(one_rank, "agree", lost_peer)  # the all-reduce that counts a step
+    model, optimizer = tiny_model_and_optimizer(seed=0)
+    one_rank.save(4, model, optimizer)
+    one_rank.wait()
+    assert not one_rank.enabled and one_rank.counted == []
+    assert ("local checkpoint tier off for the rest of this run: RuntimeError: Connection closed by peer"
+            in caplog.text)
+    one_rank.save(8, model, optimizer)  # no more local saves
+    assert 8 not in inventory(tmp_path) and not partial_dir(tmp_path, 8, 0).exists()
+
+
+def test_an_interval_without_a_directory_says_there_is_no_local_tier(caplog):
+    cfg = load_config(None, ["checkpoint.local_interval_steps=5"]).checkpoint
+    local = LocalCheckpointer(cfg, rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"))
+    assert not local.enabled and not local.should_save(5)
+    assert "checkpoint.local_interval_steps=5 but checkpoint.local_dir is '': no local tier" in caplog.text

@@ -115,7 +115,9 @@ class LocalCheckpointer:
         self.local_world_size = local_world_size
         self.root = Path(cfg.local_dir) if cfg.local_tier else None
         self.counted: list[int] = []  # steps complete on every rank in this run (or the one resumed from)
-        self.last_timings: dict[str, float] = {}  # of the newest local save (seconds): held, written, counted
+        # of the newest local save, seconds: the loop held to build the state (build_s) and to wait for its copy
+        # (waited_s, before the next optimizer step), until this rank's shard was written, until the step counted
+        self.last_timings: dict[str, float] = {}
         self._pending: Future[bool] | None = None
         self._staging: Any = None
         self._last_step: int | None = None
@@ -127,6 +129,10 @@ class LocalCheckpointer:
         self.replica_to = (rank + local_world_size) % world_size if nodes > 1 else None
         self.replica_from = (rank - local_world_size) % world_size if nodes > 1 else None
         if self.root is None:
+            if cfg.local_interval_steps > 0 and rank == 0:
+                log.warning("checkpoint.local_interval_steps=%d but checkpoint.local_dir is '': no local tier "
+                            "(the jobs launcher sets it on the cluster; elsewhere set it to node-local storage)",
+                            cfg.local_interval_steps)
             return
         if dist.is_initialized():
             self.group = dist.new_group(backend="gloo")
@@ -162,7 +168,7 @@ class LocalCheckpointer:
             staging = _InlineCopy(state)
         self._staging = staging
         self._last_step = step
-        self.last_timings = {"held_s": time.monotonic() - began}
+        self.last_timings = {"build_s": time.monotonic() - began}
         assert self._writer is not None
         self._pending = self._writer.submit(self._write, step, staging, began)
 
@@ -171,7 +177,7 @@ class LocalCheckpointer:
         if staging is not None and staging.staged is not None:
             began = time.monotonic()
             staging.staged.result()
-            self.last_timings["held_s"] = self.last_timings.get("held_s", 0.0) + time.monotonic() - began
+            self.last_timings["waited_s"] = time.monotonic() - began
 
     def wait(self) -> None:
         """Wait for the save in flight; a failure of the tier's group turns the tier off (logged)."""
@@ -234,8 +240,9 @@ class LocalCheckpointer:
         if ok:
             self.count(step)
             if self.rank == 0:
-                log.info("local checkpoint step %d complete on every rank (%.2fs after the save began)", step,
-                         time.monotonic() - began)
+                log.info("local checkpoint step %d complete on every rank (%.2fs after the save began; building "
+                         "the state held the loop %.2fs, rank 0's shard was written after %.2fs)", step,
+                         self.last_timings["counted_s"], self.last_timings["build_s"], self.last_timings["written_s"])
         elif self.rank == 0:
             log.warning("local checkpoint step %d is incomplete (a shard or a replica failed): not counted", step)
         return ok
