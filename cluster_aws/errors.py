@@ -120,9 +120,12 @@ def describe_aws_error(error: Exception, region: str | None) -> ClusterctlError 
                 EXIT_ENDPOINT,
             )
         if code in ACCESS_DENIED_CODES:
+            # A purchase is the one call the operator policy does not grant (it cannot be undone).
+            policy = ("the stack's capacity purchaser policy, the CapacityPurchaser Policy resource (stack output "
+                      "CapacityPurchaserPolicyArn)" if operation == "PurchaseCapacityBlock" else
+                      "the stack's operator policy, the JobRunner OperatorPolicy resource")
             return ClusterctlError(
-                f"access denied: {operation}: {message or code} (attach the stack's operator policy, the "
-                "JobRunner OperatorPolicy resource, to your role)",
+                f"access denied: {operation}: {message or code} (attach {policy}, to your role)",
                 EXIT_ACCESS,
             )
         if code in CREDENTIAL_CODES:

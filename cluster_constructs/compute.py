@@ -11,6 +11,7 @@ Scaling User Guide, "Network interfaces in a launch template").
 from __future__ import annotations
 
 from aws_cdk import (
+    ArnFormat,
     Aws,
     CfnAutoScalingScheduledAction,
     CfnTag,
@@ -193,10 +194,14 @@ class NodeGroup(Construct):
 
     @property
     def group_arn_pattern(self) -> str:
+        # A group's ARN is arn:aws:autoscaling:REGION:ACCOUNT:autoScalingGroup:UUID:autoScalingGroupName/NAME
+        # (Service Authorization Reference, Amazon EC2 Auto Scaling, resource type autoScalingGroup): a colon after
+        # the resource type. The default ArnFormat puts a slash there, and the grants on it never matched.
         return Stack.of(self).format_arn(
             service="autoscaling",
             resource="autoScalingGroup",
             resource_name=f"*:autoScalingGroupName/{self.group_name}",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
         )
 
     def allow_object_download(self, *, bucket_name: str, object_key: str) -> None:

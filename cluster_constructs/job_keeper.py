@@ -34,16 +34,15 @@ HANDLER = "job_keeper.handler.handler"
 RUNTIME = lambda_.Runtime.PYTHON_3_13
 TIMEOUT = Duration.minutes(10)  # a reconcile that stops a job and starts the next attempt waits on SSM commands
 MEMORY_MIB = 512
-# Item actions on the job table: reads, the whole-item puts, the lock's delete, the listing, and the condition
-# check inside a transaction. TransactWriteItems has no permission of its own: each item action in it is
-# authorized as PutItem, DeleteItem or ConditionCheckItem (DynamoDB Developer Guide, "Using IAM with DynamoDB
-# transactions"). clusterctl's operator policy gets the same actions (cluster_constructs/jobs.py).
-JOB_TABLE_ACTIONS = (
+# The keeper's item actions on the job table (cluster_jobs/table.py, as the keeper uses it): reads, the
+# whole-item puts, and the lock's delete. TransactWriteItems has no permission of its own: each item action in it
+# is authorized as itself, here a Put and a Delete (DynamoDB Developer Guide, "Using IAM with DynamoDB
+# transactions"). The keeper never lists the table (Scan) nor writes a ConditionCheck item.
+# tests/cluster_constructs/test_job_keeper.py holds the role to exactly the calls job_keeper/ makes.
+KEEPER_TABLE_ACTIONS = (
     "dynamodb:GetItem",
     "dynamodb:PutItem",
     "dynamodb:DeleteItem",
-    "dynamodb:Scan",
-    "dynamodb:ConditionCheckItem",
 )
 SCHEDULE = events.Schedule.rate(Duration.minutes(1))
 AUTO_SCALING_EVENTS = (
@@ -206,11 +205,15 @@ def keeper_statements(
     alarm_topic: sns.Topic,
     log_group_arn: str,
 ) -> list[iam.PolicyStatement]:
-    """The keeper role's statements: every action named, each on the narrowest resource the service allows."""
+    """The keeper role's statements: every action named, each on the narrowest resource the service allows.
+
+    Exactly the AWS calls of job_keeper/ and what it uses of cluster_jobs/ and cluster_aws/, plus what runs
+    around the code: the Lambda runtime writes the function's log (WriteLogs), and SNS uses the alarm topic's
+    key with the publisher's permissions (UseAlarmTopicKey)."""
     document_arn = stack.format_arn(service="ssm", resource="document", resource_name=job_document_name)
     instance_arn = stack.format_arn(service="ec2", resource="instance", resource_name="*")
     statements = [
-        iam.PolicyStatement(sid="JobRecords", actions=list(JOB_TABLE_ACTIONS), resources=[table_arn]),
+        iam.PolicyStatement(sid="JobRecords", actions=list(KEEPER_TABLE_ACTIONS), resources=[table_arn]),
         # SendCommand is authorized on the document and on each target instance: the document is the stack's
         # jobs document, the instances are this cluster's nodes (the Auto Scaling group tags each with its name).
         iam.PolicyStatement(sid="SendJobDocument", actions=["ssm:SendCommand"], resources=[document_arn]),
@@ -222,11 +225,7 @@ def keeper_statements(
         ),
         # Reads that take no resource ARN (Service Authorization Reference: AWS Systems Manager, Amazon EC2,
         # Amazon EC2 Auto Scaling): the job command's results, the group, its instances and the reservation.
-        iam.PolicyStatement(
-            sid="ReadCommandResults",
-            actions=["ssm:GetCommandInvocation", "ssm:ListCommands"],
-            resources=["*"],
-        ),
+        iam.PolicyStatement(sid="ReadCommandResults", actions=["ssm:GetCommandInvocation"], resources=["*"]),
         iam.PolicyStatement(
             sid="DescribeCluster",
             actions=[

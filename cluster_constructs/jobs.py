@@ -1,6 +1,9 @@
 """JobRunner: the SSM Command document that starts, inspects and cancels training jobs on the nodes, and the
 managed policy an operator needs to drive the cluster with clusterctl.
 
+Buying a Capacity Block is not in the operator policy: that takes the purchaser policy too
+(cluster_constructs/capacity_purchase.py).
+
 The document only calls the node_bootstrap.jobs package (docs/architecture.md section 5). Its parameters reach
 the script as environment variables, never as script text: every parameter has `"interpolationType":
 "ENV_VAR"`, so the SSM agent sets SSM_<name> to the value and the script passes "$SSM_<name>" to the node
@@ -22,7 +25,6 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
-from cluster_constructs.job_keeper import JOB_TABLE_ACTIONS
 from node_bootstrap import jobs as node_jobs
 
 DEFAULT_BUNDLE_DIR = "/opt/cluster/bundle"
@@ -31,6 +33,10 @@ DEFAULT_BUNDLE_DIR = "/opt/cluster/bundle"
 COMMAND_TIMEOUT_SECONDS = node_jobs.COMMAND_TIMEOUT_SECONDS
 ENV_PREFIX = "SSM_"  # the agent's variable for parameter P is SSM_P
 MIN_AGENT_VERSION = "3.3.2746.0"  # the first SSM agent that sets SSM_<name> for ENV_VAR parameters
+# clusterctl's item actions on the job table (cluster_jobs/table.py): get (status, cancel, top), the whole-item
+# puts and the lock's delete (submit and cancel write some in TransactWriteItems, which IAM authorizes per item
+# action: Put, Delete), and Scan for the job list (`clusterctl jobs`). No ConditionCheck item is ever written.
+OPERATOR_TABLE_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:DeleteItem", "dynamodb:Scan")
 # The highest attempt number the document accepts: the keeper restarts a job at most maxJobRestarts (<= 100)
 # times, so a real job stays far below it; the bound only keeps the value a small number.
 MAX_JOB_ATTEMPT = 1000
@@ -248,13 +254,13 @@ class JobRunner(Construct):
 
         document_arn = stack.format_arn(service="ssm", resource="document", resource_name=self.document_name)
         instance_arn = stack.format_arn(service="ec2", resource="instance", resource_name="*")
-        capacity_reservation_arn = stack.format_arn(service="ec2", resource="capacity-reservation",
-                                                    resource_name="*")
         stack_arn = stack.format_arn(service="cloudformation", resource="stack",
                                      resource_name=f"{stack.stack_name}/*")
         self.operator_policy = iam.ManagedPolicy(
             self,
             "OperatorPolicy",
+            # Buying a Capacity Block is not in it: that is the purchaser policy's (capacity_purchase.py). The
+            # description stays as it was: a new one would replace the policy, and its ARN, under attached roles.
             description="clusterctl: quota, capacity, nodes, submit/status/cancel/logs for this cluster",
             statements=[
                 iam.PolicyStatement(
@@ -316,17 +322,12 @@ class JobRunner(Construct):
                     actions=["cloudwatch:GetMetricData", "cloudwatch:ListMetrics"],
                     resources=["*"],
                 ),
-                iam.PolicyStatement(
-                    sid="PurchaseCapacityBlocks",
-                    actions=["ec2:PurchaseCapacityBlock"],
-                    resources=[capacity_reservation_arn],
-                ),
             ],
         )
 
     def allow_job_table(self, table_arn: str) -> None:
         """Operators may read and write the job table (clusterctl submit, jobs, status, cancel; top reads the
-        lock and the active job with GetItem): the keeper's item actions, on that table only."""
+        lock and the active job with GetItem), on that table only."""
         self.operator_policy.add_statements(
-            iam.PolicyStatement(sid="JobRecords", actions=list(JOB_TABLE_ACTIONS), resources=[table_arn])
+            iam.PolicyStatement(sid="JobRecords", actions=list(OPERATOR_TABLE_ACTIONS), resources=[table_arn])
         )

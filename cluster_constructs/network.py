@@ -1,12 +1,21 @@
-"""ClusterNetwork: a single-AZ VPC for the nodes, its endpoints, and the EFA and FSx security groups."""
+"""ClusterNetwork: a single-AZ VPC for the nodes, its endpoints, and the EFA and FSx security groups.
+
+Every endpoint has a policy (cluster_constructs/endpoint_policies.py): what may pass it is the stack's own
+resources, or the stack's account, and never another account's credentials or buckets. With natGateway=true the
+nodes reach the Region's S3 through the gateway endpoint too (its route is the more specific), so its policy
+holds either way.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from aws_cdk import CfnResource, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from cluster_constructs import endpoint_policies
 from cluster_spec.settings import NetworkSettings
 
 # Lustre (LNet) uses TCP 988 and 1018-1023 between clients and file servers, in both directions
@@ -41,7 +50,11 @@ class ClusterNetwork(Construct):
         *,
         settings: NetworkSettings,
         flow_log_retention: logs.RetentionDays,
+        log_group_name: str,
+        auto_scaling_group_name: str,
     ) -> None:
+        """`log_group_name` and `auto_scaling_group_name`: the cluster's log group and node group, the only ones
+        the nodes may reach through the Logs and Auto Scaling endpoints."""
         super().__init__(scope, construct_id)
 
         subnets = [
@@ -83,7 +96,7 @@ class ClusterNetwork(Construct):
 
         self.node_security_group = self._efa_security_group()
         self.file_system_security_group = self._file_system_security_group()
-        self._add_endpoints()
+        self._add_endpoints(log_group_name=log_group_name, auto_scaling_group_name=auto_scaling_group_name)
 
     def _efa_security_group(self) -> ec2.SecurityGroup:
         # allow_all_outbound must be False: with it True, CDK drops explicit egress rules, and the self-egress
@@ -170,12 +183,23 @@ class ClusterNetwork(Construct):
                 rules.append(child)
         return rules
 
-    def _add_endpoints(self) -> None:
-        self.vpc.add_gateway_endpoint(
+    def allow_s3(self, *, bucket_names: Sequence[str], object_arns: Sequence[str]) -> None:
+        """Let the nodes' subnets reach these buckets of the stack (any action: IAM and the bucket policies
+        decide) and these single objects (GetObject: the bundle in the CDK assets bucket) through the S3
+        endpoint, for principals of the account."""
+        for statement in endpoint_policies.stack_s3_statements(Stack.of(self), bucket_names, object_arns):
+            self.s3_endpoint.add_to_policy(statement)
+
+    def _add_endpoints(self, *, log_group_name: str, auto_scaling_group_name: str) -> None:
+        stack = Stack.of(self)
+        self.s3_endpoint = self.vpc.add_gateway_endpoint(
             "S3Endpoint",
             service=ec2.GatewayVpcEndpointAwsService.S3,
             subnets=[ec2.SubnetSelection(subnet_group_name="Nodes")],
         )
+        # What the node's software reads from AWS-owned buckets; the stack's own buckets come with allow_s3.
+        for statement in endpoint_policies.aws_owned_s3_statements(stack):
+            self.s3_endpoint.add_to_policy(statement)
         endpoint_group = ec2.SecurityGroup(
             self,
             "EndpointSecurityGroup",
@@ -184,8 +208,9 @@ class ClusterNetwork(Construct):
             description="VPC interface endpoints: HTTPS from the nodes",
         )
         endpoint_group.add_ingress_rule(self.node_security_group, ec2.Port.tcp(443), "HTTPS from nodes")
+        self.interface_endpoints: dict[str, ec2.InterfaceVpcEndpoint] = {}
         for name, service in INTERFACE_ENDPOINTS.items():
-            self.vpc.add_interface_endpoint(
+            endpoint = self.vpc.add_interface_endpoint(
                 f"{name}Endpoint",
                 service=service,
                 private_dns_enabled=True,
@@ -193,3 +218,8 @@ class ClusterNetwork(Construct):
                 open=False,  # only the nodes reach the endpoints (the rule above), not the whole VPC CIDR
                 subnets=ec2.SubnetSelection(subnet_group_name="Nodes"),
             )
+            for statement in endpoint_policies.interface_statements(
+                stack, name, log_group_name=log_group_name, auto_scaling_group_name=auto_scaling_group_name
+            ):
+                endpoint.add_to_policy(statement)
+            self.interface_endpoints[name] = endpoint

@@ -9,14 +9,18 @@ FSx for Lustre PERSISTENT_2 is the nodes' shared file system; two data repositor
 
 Both buckets are versioned: an overwritten or deleted object stays recoverable for the retention period.
 The nodes get no S3 permission on either bucket: they reach data and checkpoints through Lustre, and the
-export is the file system's own doing (its service-linked role).
+export is the file system's own doing (its service-linked role). The checkpoint bucket's policy says so: it
+denies every object write and delete to every principal but that role and the administrator role the user
+names (`checkpointAdminRoleArn`), because writing a checkpoint is running code on the nodes (a DCP `.metadata`
+is unpickled on resume; docs/security.md, "The checkpoint bucket's policy").
 """
 
 from __future__ import annotations
 
-from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import Duration, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_fsx as fsx
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
@@ -25,6 +29,33 @@ from cluster_spec.settings import StorageSettings
 DATA_PATH = "/data"
 CHECKPOINT_PATH = "/checkpoints"
 AUTO_SYNC_EVENTS = ["NEW", "CHANGED", "DELETED"]
+# The object-level actions that put, replace, delete or relabel a checkpoint object: the content (PutObject also
+# authorizes CopyObject and every multipart upload step), its versions, its ACLs, tags, retention and legal hold,
+# and replication into the bucket. Bucket-level actions stay out: the FSx role needs PutBucketNotification for
+# auto-import, and CloudFormation must keep updating the bucket and this policy on every deploy.
+CHECKPOINT_WRITE_ACTIONS = (
+    "s3:PutObject",
+    "s3:DeleteObject",
+    "s3:DeleteObjectVersion",
+    "s3:AbortMultipartUpload",
+    "s3:PutObjectAcl",
+    "s3:PutObjectVersionAcl",
+    "s3:PutObjectTagging",
+    "s3:PutObjectVersionTagging",
+    "s3:DeleteObjectTagging",
+    "s3:DeleteObjectVersionTagging",
+    "s3:PutObjectRetention",
+    "s3:PutObjectLegalHold",
+    "s3:ReplicateObject",
+    "s3:ReplicateDelete",
+    "s3:ReplicateTags",
+)
+# FSx for Lustre reaches a linked bucket with a service-linked role of each file system, under this path (FSx for
+# Lustre User Guide, "Using service-linked roles": AWSServiceRoleForFSxS3Access_fs-01234567890; the AWS managed
+# policy FSxDeleteServiceLinkedRoleAccess names role/aws-service-role/s3.data-source.lustre.fsx.amazonaws.com/
+# AWSServiceRoleForFSxS3Access_*).
+FSX_S3_ROLE_PATH = "aws-service-role/s3.data-source.lustre.fsx.amazonaws.com/"
+FSX_S3_ROLE_PREFIX = "AWSServiceRoleForFSxS3Access_"
 
 
 class ClusterStorage(Construct):
@@ -102,6 +133,40 @@ class ClusterStorage(Construct):
         # ordering them keeps CloudFormation from racing two creations (not verified that a race fails; the
         # order costs a few minutes once, a failed create would cost a rollback).
         self.checkpoint_association.node.add_dependency(self.data_association)
+        if isinstance(self.checkpoint_bucket, s3.Bucket):  # an imported bucket's policy is its owner's
+            self.checkpoint_bucket.add_to_resource_policy(self._checkpoint_writers_only())
+            # Kept with the retained bucket on `cdk destroy`: a retained bucket without it would take any
+            # writer's checkpoints again, while the retained file system still exports to it.
+            self.checkpoint_bucket.policy.apply_removal_policy(RemovalPolicy.RETAIN)
+
+    @property
+    def export_role_arn(self) -> str:
+        """The ARN of this file system's S3 role (it exists once the first association is created)."""
+        return Stack.of(self).format_arn(
+            service="iam", region="", resource="role",
+            resource_name=f"{FSX_S3_ROLE_PATH}{FSX_S3_ROLE_PREFIX}{self.file_system.ref}",
+        )
+
+    def _checkpoint_writers_only(self) -> iam.PolicyStatement:
+        """Deny object writes and deletes to every principal but this file system's export and the admin role.
+
+        A Deny with an aws:PrincipalArn exception, not an Allow list: IAM grants elsewhere in the account
+        (AmazonS3FullAccess, s3:* on *) cannot override it. aws:PrincipalArn is a role's ARN for each of its
+        sessions, and is absent for anonymous requests, which ArnNotLike then denies too. Reads stay with IAM.
+        Nothing else writes this bucket: S3 server access logs go to the access-log bucket, lifecycle
+        expiration is S3's own and no principal, and no CDK custom resource empties it (it is retained).
+        """
+        writers = [self.export_role_arn]
+        if self.settings.checkpoint_admin_role_arn:
+            writers.append(self.settings.checkpoint_admin_role_arn)
+        return iam.PolicyStatement(
+            sid="OnlyTheExportAndTheAdminRoleWrite",
+            effect=iam.Effect.DENY,
+            principals=[iam.AnyPrincipal()],
+            actions=list(CHECKPOINT_WRITE_ACTIONS),
+            resources=[self.checkpoint_bucket.arn_for_objects("*")],
+            conditions={"ArnNotLike": {"aws:PrincipalArn": writers}},
+        )
 
     def _bucket(self, construct_id: str, existing_name: str | None, *, noncurrent_version_days: int) -> s3.IBucket:
         if existing_name:

@@ -21,6 +21,7 @@ from cluster_spec.settings import (
     FSX_THROUGHPUTS_MBPS_PER_TIB,
     LOG_RETENTION_DAYS,
     MAX_JOB_RESTARTS,
+    MAX_NODE_COUNT,
     METRICS_INTERVALS_SECONDS,
     MIN_HEALTH_CHECK_INTERVAL_SECONDS,
     BootstrapSettings,
@@ -44,6 +45,7 @@ from cluster_spec.values import (
     integer,
     invalid,
     mount_point,
+    role_arn,
     string,
     tags,
     timestamp,
@@ -76,6 +78,7 @@ SETTING_KEYS = (
     "checkpointBucketName",
     "checkpointVersionRetentionDays",
     "dataVersionRetentionDays",
+    "checkpointAdminRoleArn",
     "logRetentionDays",
     "alarmEmail",
     "metricsIntervalSeconds",
@@ -220,10 +223,11 @@ def _compute_settings(context: Callable[[str], Any]) -> ComputeSettings:
             ami_parameter,
             "must be an SSM parameter name such as /aws/service/deeplearning/ami/x86_64/.../latest/ami-id",
         )
-    node_count = integer("nodeCount", context("nodeCount"), minimum=1, maximum=256)
+    node_count = integer("nodeCount", context("nodeCount"), minimum=1, maximum=MAX_NODE_COUNT)
     spare_nodes = integer("spareNodes", context("spareNodes"), minimum=0, maximum=64)
-    if node_count + spare_nodes > 256:
-        raise invalid("spareNodes", spare_nodes, f"nodeCount + spareNodes must be <= 256 (nodeCount={node_count})")
+    if node_count + spare_nodes > MAX_NODE_COUNT:
+        raise invalid("spareNodes", spare_nodes,
+                      f"nodeCount + spareNodes must be <= {MAX_NODE_COUNT} (nodeCount={node_count})")
     return ComputeSettings(
         instance_type=INSTANCE_TYPES[name],
         node_count=node_count,
@@ -363,6 +367,10 @@ def _storage_settings(context: Callable[[str], Any]) -> StorageSettings:
     # CreateFileSystem StorageCapacity).
     if storage_gib != 1200 and storage_gib % 2400 != 0:
         raise invalid("fsxStorageGiB", storage_gib, "must be 1200 or a multiple of 2400 (PERSISTENT_2)")
+    admin_role = role_arn("checkpointAdminRoleArn", context("checkpointAdminRoleArn"))
+    if admin_role and bucket("checkpointBucketName", context("checkpointBucketName")):
+        raise invalid("checkpointAdminRoleArn", admin_role, "applies only to the checkpoint bucket the stack creates: "
+                      "an imported checkpointBucketName's policy is its owner's (docs/security.md)")
     return StorageSettings(
         fsx_storage_gib=storage_gib,
         fsx_throughput_mbps_per_tib=choice(
@@ -378,4 +386,5 @@ def _storage_settings(context: Callable[[str], Any]) -> StorageSettings:
         data_version_retention_days=integer(
             "dataVersionRetentionDays", context("dataVersionRetentionDays"), minimum=1
         ),
+        checkpoint_admin_role_arn=admin_role,
     )

@@ -22,6 +22,10 @@ class CapacityMode(enum.Enum):
 
 FSX_THROUGHPUTS_MBPS_PER_TIB = (125, 250, 500, 1000)
 
+# The most nodes one cluster holds (nodeCount + spareNodes): synthesis refuses more, and `clusterctl plan` never
+# proposes more.
+MAX_NODE_COUNT = 256
+
 
 # How often the nodes sample GPU, EFA, CPU, memory and disk metrics. Below 60 s the CloudWatch agent publishes
 # high-resolution custom metrics, which cost more (CloudWatch pricing); above 300 s the 30-minute idle alarm
@@ -97,6 +101,9 @@ class StorageSettings:
     checkpoint_bucket_name: str | None
     checkpoint_version_retention_days: int  # noncurrent checkpoint object versions expire after this
     data_version_retention_days: int  # noncurrent data object versions (overwritten or deleted) expire after this
+    # The one role besides the FSx export that may write and delete checkpoint objects (the bucket policy denies
+    # everyone else); None: only the export (docs/security.md, "The checkpoint bucket's policy").
+    checkpoint_admin_role_arn: str | None = None
 
     @property
     def fsx_throughput_gbps(self) -> float:

@@ -12,6 +12,10 @@ from typing import Any
 BUCKET = re.compile(r"^(?!xn--)(?!.*\.\.)[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 MOUNT_POINT = re.compile(r"^/[A-Za-z0-9_./-]*[A-Za-z0-9_]$")
+# An IAM role ARN as aws:PrincipalArn reports a role's sessions: partition, account, optional path, name (IAM
+# names: letters, digits and + = , . @ _ -). The name may hold * for ArnLike (an SSO permission set's role
+# carries a generated suffix), but starts with a literal character: "role/*" would be every role.
+ROLE_ARN = re.compile(r"^arn:aws(-cn|-us-gov)?:iam::\d{12}:role/([\w+=,.@-]+/)*[\w+=,.@-][\w+=,.@*-]*$", re.ASCII)
 # Tag keys and values: the characters every AWS service accepts (letters, digits and spaces representable in
 # UTF-8, and _ . : / = + - @), keys 1-128 and values 0-256 characters (Tagging AWS Resources, "Tag naming limits
 # and requirements"). EC2 alone allows more, but the stack's tags land on S3, FSx, Logs, SNS and KMS too.
@@ -98,6 +102,15 @@ def bucket(key: str, value: Any) -> str | None:
     text = string(key, value, optional=True)
     if text is not None and (not BUCKET.fullmatch(text) or re.fullmatch(r"\d+\.\d+\.\d+\.\d+", text)):
         raise invalid(key, value, "must be an S3 bucket name (3-63 lowercase letters, digits, dots, hyphens)")
+    return text
+
+
+def role_arn(key: str, value: Any) -> str | None:
+    """An IAM role ARN, or None when empty."""
+    text = string(key, value, optional=True)
+    if text is not None and not ROLE_ARN.fullmatch(text):
+        raise invalid(key, value, "must be an IAM role ARN such as arn:aws:iam::123456789012:role/checkpoint-admin "
+                      "(a path is allowed; * only after the name's first character), or empty for none")
     return text
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import unicodedata
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,6 +38,13 @@ def format_time(value: datetime.datetime | None) -> str | None:
     if value.tzinfo is None:
         value = value.replace(tzinfo=datetime.UTC)
     return value.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def terminal_safe(text: str) -> str:
+    """`text` with every control character but newline and tab written out as an escape (ESC as \\x1b, a
+    carriage return as \\x0d, the C1 controls U+0080-U+009F as \\x80-\\x9f): text a job wrote is shown, never
+    obeyed by the terminal (no cursor moves, title or clipboard sequences, no line rewritten by a return)."""
+    return "".join(c if c in "\n\t" or unicodedata.category(c) != "Cc" else f"\\x{ord(c):02x}" for c in text)
 
 
 def format_usd(amount: float) -> str:

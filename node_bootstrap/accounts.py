@@ -16,8 +16,9 @@ import os
 from dataclasses import dataclass
 
 JOB_USER = "cluster-job"
-# Its home: torch, Triton and NCCL keep caches under $HOME (~/.cache, ~/.triton); not under /home, which a
-# site may mount from elsewhere.
+# Its home in the user database: root's and empty (the jobuser step), since torch, Triton and NCCL keep caches
+# under $HOME (~/.cache, ~/.triton) and a job gets HOME=<scratch>/jobs/<job id> instead, clean at its first
+# start (node_bootstrap/jobs/job_paths.py); not under /home, which a site may mount from elsewhere.
 JOB_USER_HOME = "/var/lib/cluster-job"
 JOB_USER_SHELL = "/usr/sbin/nologin"  # nobody logs in as it
 

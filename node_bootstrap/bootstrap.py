@@ -5,8 +5,11 @@ Order and why:
   scratch   instance-store NVMe as one fast scratch directory
   lustre    FSx for Lustre at /fsx: training data and checkpoints
   packages  the training lock (torchao) from the bundle's wheels, layered on the DLAMI's PyTorch
-  health    the gate: GPUs, ECC, row remapping, Xid, EFA against the catalog, FP8 on every GPU
-  jobuser   the unprivileged user jobs run as, in the GPU and EFA devices' groups, owning /scratch
+  health    the gate: GPUs, ECC, row remapping, Xid, EFA against the catalog, FP8 on every GPU, and (once the
+            job user exists) its metadata block
+  jobuser   the unprivileged user jobs run as, in the GPU and EFA devices' groups; /scratch and its home root's
+  imdsblock the job user's traffic to the instance metadata service rejected (no node credentials for jobs),
+            again at every boot, verified by connecting as that user
   training  the training package importable in the DLAMI's PyTorch, and the job environment file
   monitor   the node health monitor's first round, then its systemd timer (monitor/service.py)
   signal    cluster:bootstrap=ready
@@ -38,6 +41,7 @@ from node_bootstrap.fp8_check import Fp8Probe
 from node_bootstrap.health import HealthGateFailed, plan_health
 from node_bootstrap.host import Host
 from node_bootstrap.imds import Imds, ImdsError, InstanceIdentity
+from node_bootstrap.imds_block import MetadataProbe, plan_imds_block
 from node_bootstrap.job_user import plan_job_user
 from node_bootstrap.lustre import plan_lustre
 from node_bootstrap.monitor.rounds import run_round
@@ -51,7 +55,8 @@ from node_bootstrap.training_env import plan_training
 
 LOG = logging.getLogger("node_bootstrap")
 
-STEPS = ("logging", "scratch", "lustre", "packages", "health", "jobuser", "training", "monitor", "signal")
+STEPS = ("logging", "scratch", "lustre", "packages", "health", "jobuser", "imdsblock", "training", "monitor",
+         "signal")
 SIGNALLED_MARKER = "/var/lib/cluster/bootstrap-signalled"  # user_data.sh reads it: do not signal again
 # Steps whose failure leaves the node usable: logged and reported, never a reason to replace a healthy P5.
 NONFATAL_STEPS = frozenset({"logging"})
@@ -100,8 +105,10 @@ def _planners(node: Node, warnings: list[str]) -> dict[str, Callable[[], StepPla
         "scratch": lambda: plan_scratch(c, h, r),
         "lustre": lambda: plan_lustre(c, h, r, sleep=node.sleep),
         "packages": lambda: plan_packages(c, h, r),
-        "health": lambda: plan_health(c.expected, c.instance_type, r, Fp8Probe.for_node(c, h)),
+        "health": lambda: plan_health(c.expected, c.instance_type, r, Fp8Probe.for_node(c, h),
+                                      MetadataProbe.for_node(c, h)),
         "jobuser": lambda: plan_job_user(c, h, r),
+        "imdsblock": lambda: plan_imds_block(c, h, r),
         "training": lambda: plan_training(c, h, r),
         "monitor": lambda: plan_monitor(c, h, r, first_round=lambda: require_healthy(
             run_round(c, h, r, responder=None, dry_run=node.dry_run))),

@@ -26,6 +26,7 @@ from node_bootstrap.fp8_check import Fp8Probe
 from node_bootstrap.health import probe_commands, run_health_checks
 from node_bootstrap.host import Host
 from node_bootstrap.imds import Imds
+from node_bootstrap.imds_block import MetadataProbe
 from node_bootstrap.logs import LOG_FILE, MONITOR_LOG_FILE, setup_logging
 from node_bootstrap.monitor.command import run_monitor
 from node_bootstrap.monitor.state import STATE_PATH
@@ -35,7 +36,8 @@ DESCRIPTION = """\
 Bootstrap and verify a GPU training node (stdlib only, Python >= 3.9).
 
   run      the boot sequence user-data runs: {}
-  check    the health checks alone (GPUs, ECC, row remapping, Xid, EFA): run it before a costly job
+  check    the health checks alone (GPUs, ECC, row remapping, Xid, EFA, the job user's metadata block):
+           run it before a costly job
   monitor  the node health monitor: --once runs one round (what its systemd timer runs every
            monitor.intervalSeconds); an unhealthy node stops its job, tags itself and is replaced
 """.format(", ".join(STEPS))
@@ -78,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check", parents=[common], help="run the health checks only", epilog=CHECK_EPILOG,
                            description="Check GPUs (count, memory, ECC, row remapping), Xid events since "
-                                       "boot and EFA devices against the node config's expected counts.")
+                                       "boot and EFA devices against the node config's expected counts, and "
+                                       "that the job user cannot connect to the instance metadata service.")
     check.add_argument("--dry-run", action="store_true",
                        help="print the read-only commands the checks would run, without running them")
     check.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
@@ -153,10 +156,11 @@ def _run(args, config: NodeConfig, host: Host, runner: Runner, imds: Imds, sleep
 def _check(args, config: NodeConfig, host: Host, runner: Runner) -> int:
     if args.dry_run:
         print("check would run these read-only commands:")
-        for argv in probe_commands(runner, Fp8Probe.for_node(config, host)):
+        for argv in probe_commands(runner, Fp8Probe.for_node(config, host), MetadataProbe.for_node(config, host)):
             print(f"  $ {shlex.join(argv)}")
         return EXIT_OK
-    report = run_health_checks(config.expected, config.instance_type, runner, Fp8Probe.for_node(config, host))
+    report = run_health_checks(config.expected, config.instance_type, runner, Fp8Probe.for_node(config, host),
+                               MetadataProbe.for_node(config, host))
     print(report.to_json() if args.json else report.format_table())
     return EXIT_OK if report.healthy else EXIT_FAILED
 

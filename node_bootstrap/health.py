@@ -7,7 +7,10 @@ Checks, each ok / warn / fail (only a fail makes the node unhealthy):
 - fp8: the jobs' interpreter imports the node's FP8 backends and runs an FP8 matmul on every GPU (fp8_check.py);
 - xid: no Xid whose verdict in xid.py is reset or replace (application and watch Xids only warn), from the
   journal or, when it is empty, the kernel ring buffer (kernel_log.py), the source named in the detail;
-- efa: `fi_info -p efa` lists the catalog's EFA device count.
+- efa: `fi_info -p efa` lists the catalog's EFA device count;
+- imds-block: the job user cannot open a connection to the instance metadata service (imds_block.py), so no
+  job can take the node role's credentials. Before step jobuser has created the user, there is nothing to
+  block, and step imdsblock runs this check itself once it has set the block.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from node_bootstrap.gpu import (
     parse_gpu_query,
     parse_remapped_rows,
 )
+from node_bootstrap.imds_block import MetadataProbe, check_metadata_blocked
 from node_bootstrap.kernel_log import probe_command as kernel_log_command
 from node_bootstrap.kernel_log import read_kernel_log
 from node_bootstrap.plan import StepPlan
@@ -84,15 +88,18 @@ class HealthGateFailed(StepError):
         self.report = report
 
 
-def probe_commands(runner: Runner, fp8: Fp8Probe) -> list[tuple[str, ...]]:
+def probe_commands(runner: Runner, fp8: Fp8Probe, metadata: MetadataProbe | None = None) -> list[tuple[str, ...]]:
     """The read-only commands the checks run, for `check --dry-run`."""
     fi_info = (_fi_info(runner) or "fi_info",) + FI_INFO_ARGS
-    return [GPU_QUERY, REMAP_QUERY, gpu_runtime.fabric_manager_command(), gpu_runtime.cuda_probe_command(),
-            fp8.command(), gpu_runtime.DCGM_DIAG, kernel_log_command(runner), fi_info]
+    commands = [GPU_QUERY, REMAP_QUERY, gpu_runtime.fabric_manager_command(), gpu_runtime.cuda_probe_command(),
+                fp8.command(), gpu_runtime.DCGM_DIAG, kernel_log_command(runner), fi_info]
+    metadata_command = metadata.command_for_job_user() if metadata is not None else None
+    return commands + ([metadata_command] if metadata_command else [])
 
 
 def run_health_checks(expected: ExpectedHardware, instance_type: str, runner: Runner,
-                      fp8: Fp8Probe) -> HealthReport:
+                      fp8: Fp8Probe, metadata: MetadataProbe | None = None) -> HealthReport:
+    """Every check; `metadata` None leaves out imds-block (the hardware checks' own tests)."""
     checks: list[Check] = []
     gpus = _gpu_state_checks(expected, runner, checks)
     checks.append(gpu_runtime.check_fabric_manager(expected, runner))
@@ -104,6 +111,8 @@ def run_health_checks(expected: ExpectedHardware, instance_type: str, runner: Ru
         checks.append(gpu_runtime.check_dcgm(runner))
     events = _check_xids(runner, checks)
     checks.append(efa_check(expected, runner))
+    if metadata is not None:
+        checks.append(check_metadata_blocked(metadata, runner))
     return HealthReport(instance_type, tuple(checks), tuple(events))
 
 
@@ -128,9 +137,10 @@ def efa_check(expected: ExpectedHardware, runner: Runner) -> Check:
     return checks[0]
 
 
-def plan_health(expected: ExpectedHardware, instance_type: str, runner: Runner, fp8: Fp8Probe) -> StepPlan:
+def plan_health(expected: ExpectedHardware, instance_type: str, runner: Runner, fp8: Fp8Probe,
+                metadata: MetadataProbe | None = None) -> StepPlan:
     """The gate: raises HealthGateFailed (naming every failed check) when the node is unhealthy."""
-    report = run_health_checks(expected, instance_type, runner, fp8)
+    report = run_health_checks(expected, instance_type, runner, fp8, metadata)
     plan = StepPlan("health")
     for check in report.checks:
         plan.note(f"{check.status.upper()} {check.name}: {check.detail}")

@@ -1,13 +1,15 @@
 """Step jobuser: the unprivileged user training jobs run as (accounts.JOB_USER), with what a job needs.
 
-- The user: a system user with a group of its own, a home for caches, and no login shell.
+- The user: a system user with a group of its own, a home that stays root's and empty (a job's HOME is its own
+  scratch directory), and no login shell.
 - The devices a job opens: the GPUs (/dev/nvidia0..N, nvidiactl, nvidia-uvm) and the EFA devices
   (/dev/infiniband/uverbsN, which libfabric's efa provider opens). A device node that anyone may read and
   write needs nothing (the NVIDIA driver creates its nodes 0666 unless NVreg_DeviceFileMode says otherwise);
   one that a group may read and write makes the user a member of that group; one that only root may open
   fails the step with its name and mode, because no job could use it.
-- /scratch (the instance-store scratch) belongs to the user: it is the jobs' space.
-Per job, `node_bootstrap.jobs start` gives the user the job's checkpoint directory and log file.
+- /scratch (the instance-store scratch) and the user's home are root's, writable by root alone: at each
+  start, `node_bootstrap.jobs start` gives the user only the job's own directories, in the scratch and on FSx,
+  and its log file (node_bootstrap/jobs/job_paths.py; docs/security.md, "The job user's boundary").
 
 Runs after `health` (the drivers are loaded, so the device nodes exist) and before `training`.
 """
@@ -101,11 +103,11 @@ def plan_job_user(config: NodeConfig, host: Host, runner: Runner) -> StepPlan:
         plan.note(f"{JOB_USER}: uid {account.uid}, gid {account.gid}, groups {list(account.groups)}")
 
     devices = find_device_nodes(host)
-    scratch = config.scratch.mount_point
-    # /scratch exists once the scratch step ran (in a dry run it may not: then its chown is planned anyway)
-    scratch_exists = os.path.exists(host.path(scratch))
-    stats = stat_paths(host, runner, devices + ([scratch] if scratch_exists else []))
-    needed = device_groups({p: s for p, s in stats.items() if p != scratch})
+    roots = root_only_dirs(config, account)
+    # /scratch exists once the scratch step ran, the home once the user does (in a dry run they may not: then
+    # their chown is planned anyway)
+    stats = stat_paths(host, runner, devices + [p for p in roots if os.path.exists(host.path(p))])
+    needed = device_groups({p: s for p, s in stats.items() if p not in roots})
     plan.note(f"{len(devices)} GPU and EFA device nodes; groups they need: {sorted(needed) or 'none'}")
     missing = sorted(needed - set(account.groups if account else ()) - {account.gid if account else -1})
     if missing:
@@ -117,15 +119,27 @@ def plan_job_user(config: NodeConfig, host: Host, runner: Runner) -> StepPlan:
         plan.add(f"add {JOB_USER} to the groups {groups}, which own the GPU or EFA device nodes",
                  ("usermod", "--append", "--groups", groups, JOB_USER))
 
-    _mode, uid, gid = stats.get(scratch, (0, -1, -1))
-    if account is None or (uid, gid) != (account.uid, account.gid):
-        plan.add(f"give {scratch} to {JOB_USER}: the instance-store scratch is the jobs' space",
-                 ("chown", f"{JOB_USER}:{JOB_USER}", host.path(scratch)))
-    plan.verify = lambda: _verify(host, needed)
+    for path, why in roots.items():
+        mode, uid, gid = stats.get(path, (0, -1, -1))
+        if (uid, gid) != (0, 0):
+            plan.add(f"give {path} to root: {why}", ("chown", "root:root", host.path(path)))
+        if mode & 0o022:
+            plan.add(f"take group and others' write from {path}: {why}", ("chmod", "go-w", host.path(path)))
+    plan.verify = lambda: _verify(host, runner, needed, roots)
     return plan
 
 
-def _verify(host: Host, needed: set[int]) -> None:
+def root_only_dirs(config: NodeConfig, account: Account | None) -> dict[str, str]:
+    """The directories the job user must not change (issue 31), and why: root acts on what they hold."""
+    return {
+        config.scratch.mount_point: "each job gets its own directories in the scratch at its start "
+                                    "(node_bootstrap/jobs/job_paths.py), never the scratch itself",
+        account.home if account else JOB_USER_HOME: "each job's HOME is its own scratch directory, so nothing a "
+                                                     "job leaves in its home reaches the next",
+    }
+
+
+def _verify(host: Host, runner: Runner, needed: set[int], roots: dict[str, str]) -> None:
     account = _account(host)
     if account is None:
         raise StepError(f"the user {JOB_USER} does not exist after useradd")
@@ -134,3 +148,6 @@ def _verify(host: Host, needed: set[int]) -> None:
         raise StepError(f"{JOB_USER} is still not in the device groups {lacking}")
     if not os.path.isdir(host.path(account.home)):
         raise StepError(f"{JOB_USER}'s home {account.home} does not exist")
+    for path, (mode, uid, gid) in stat_paths(host, runner, list(roots)).items():
+        if (uid, gid) != (0, 0) or mode & 0o022:
+            raise StepError(f"{path} (mode {mode:04o}, owner {uid}:{gid}) is still not root's alone")

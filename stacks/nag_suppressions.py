@@ -55,7 +55,7 @@ def _node_role_suppressions(stack: Stack) -> None:
                 "(aws:TagKeys condition). Nothing on another group.",
                 applies_to=[
                     RegexAppliesTo(
-                        regex=r"/^Resource::arn:[^:]+:autoscaling:.*:autoScalingGroup\/"
+                        regex=r"/^Resource::arn:[^:]+:autoscaling:.*:autoScalingGroup:"
                         r"\*:autoScalingGroupName\/.*-nodes$/"
                     )
                 ],
@@ -88,16 +88,26 @@ def _operator_policy_suppressions(stack: Stack) -> None:
             ),
             NagPackSuppression(
                 id="AwsSolutions-IAM5",
-                reason="ec2:PurchaseCapacityBlock on any capacity reservation of the account and Region: an "
-                "operator can buy any Capacity Block offering (it spends money; clusterctl asks first). The "
-                "reservation id does not exist before the purchase, so no narrower ARN can be named.",
-                applies_to=[RegexAppliesTo(regex=r"/^Resource::arn:[^:]+:ec2:.*:capacity-reservation\/\*$/")],
-            ),
-            NagPackSuppression(
-                id="AwsSolutions-IAM5",
                 reason="cloudformation:DescribeStacks on this stack's name with any stack id (the ARN ends in a "
                 "generated id): reads its outputs, including those of a later redeploy under the same name.",
                 applies_to=[RegexAppliesTo(regex=r"/^Resource::arn:[^:]+:cloudformation:.*:stack\/.*\/\*$/")],
+            ),
+        ],
+    )
+
+
+def _capacity_purchaser_suppressions(stack: Stack) -> None:
+    NagSuppressions.add_resource_suppressions_by_path(
+        stack,
+        f"/{stack.stack_name}/CapacityPurchaser/Policy/Resource",
+        [
+            NagPackSuppression(
+                id="AwsSolutions-IAM5",
+                reason="ec2:PurchaseCapacityBlock on any capacity reservation of the account and Region, in a policy "
+                "of its own (not the operator policy): whoever holds it can buy any Capacity Block offering, paid "
+                "upfront and not cancellable (clusterctl asks first). The reservation id does not exist before the "
+                "purchase, so no narrower ARN can be named.",
+                applies_to=[RegexAppliesTo(regex=r"/^Resource::arn:[^:]+:ec2:.*:capacity-reservation\/\*$/")],
             ),
         ],
     )
@@ -110,8 +120,8 @@ def _job_keeper_suppressions(stack: Stack) -> None:
         [
             NagPackSuppression(
                 id="AwsSolutions-IAM5",
-                reason="Resource * for read-only actions that take no resource ARN: ssm:GetCommandInvocation and "
-                "ListCommands (the results of any command in the account and Region), "
+                reason="Resource * for read-only actions that take no resource ARN: ssm:GetCommandInvocation (the "
+                "result of any command in the account and Region), "
                 "autoscaling:DescribeAutoScalingGroups, ec2:DescribeInstances and "
                 "ec2:DescribeCapacityReservations. The keeper's writes are all on named resources.",
                 applies_to=["Resource::*"],
@@ -142,4 +152,5 @@ def _job_keeper_suppressions(stack: Stack) -> None:
 def apply_nag_suppressions(stack: Stack) -> None:
     _node_role_suppressions(stack)
     _operator_policy_suppressions(stack)
+    _capacity_purchaser_suppressions(stack)
     _job_keeper_suppressions(stack)

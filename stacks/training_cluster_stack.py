@@ -19,6 +19,7 @@ from constructs import Construct
 
 from cluster_constructs.bundle import REPO_ROOT, read_lock, stage_bundle, stage_keeper_code
 from cluster_constructs.capacity import CapacityTarget
+from cluster_constructs.capacity_purchase import CapacityPurchaser
 from cluster_constructs.compute import NodeGroup
 from cluster_constructs.dashboard import ClusterDashboard
 from cluster_constructs.job_keeper import JobKeeper
@@ -53,6 +54,8 @@ class TrainingClusterStack(Stack):
             "Network",
             settings=settings.network,
             flow_log_retention=retention_days(settings.observability.log_retention_days),
+            log_group_name=observability.log_group.log_group_name,
+            auto_scaling_group_name=group_name,
         )
         if settings.storage.fsx_efa_enabled:
             network.allow_efa_file_system()
@@ -125,6 +128,11 @@ class TrainingClusterStack(Stack):
         # No grant on the data and checkpoint buckets: the nodes reach both through Lustre, and the export to S3 is
         # the file system's doing, so a compromised node cannot delete or rewrite S3 objects.
         nodes.allow_object_download(bucket_name=bundle.s3_bucket_name, object_key=bundle.s3_object_key)
+        # What the nodes' subnets may reach of S3 at all: the same object, and the stack's two buckets.
+        network.allow_s3(
+            bucket_names=[storage.data_bucket.bucket_name, storage.checkpoint_bucket.bucket_name],
+            object_arns=[bundle.bucket.arn_for_objects(bundle.s3_object_key)],
+        )
         nodes.auto_scaling_group.notification_configurations = [
             autoscaling.CfnAutoScalingGroup.NotificationConfigurationProperty(
                 topic_arn=observability.alarm_topic.topic_arn,
@@ -165,6 +173,8 @@ class TrainingClusterStack(Stack):
                 log_group_name=f"{unique_log_group_name(construct_id)}/job-keeper",
             )
         jobs.allow_job_table(keeper.table.table_arn)
+        # Buying a Capacity Block spends money that cannot be refunded: a policy of its own, not the operator's.
+        purchaser = CapacityPurchaser(self, "CapacityPurchaser")
         observability.add_job_keeper_alarm(function_name=keeper.function.function_name)
         observability.add_node_alarm(auto_scaling_group_name=group_name)
         observability.add_protected_mode_alarm(auto_scaling_group_name=group_name)
@@ -211,6 +221,7 @@ class TrainingClusterStack(Stack):
             "MaxJobRestarts": str(settings.job_keeper.max_job_restarts),
             "JobKeeperLogGroupName": keeper.log_group.log_group_name,
             "OperatorPolicyArn": jobs.operator_policy.managed_policy_arn,
+            "CapacityPurchaserPolicyArn": purchaser.policy.managed_policy_arn,
             "AlarmTopicArn": observability.alarm_topic.topic_arn,
             "DashboardName": dashboard.dashboard_name,
             "DashboardUrl": dashboard.url,

@@ -284,6 +284,14 @@ class FakeNode:
             self.stats[node_path] = (mode, int(entry[2]), int(entry[3]))
         return 0, ""
 
+    def chmod(self, argv):
+        assert argv[1] == "go-w", argv  # the only change the jobuser step makes
+        for host_path in argv[2:]:
+            node_path = "/" + os.path.relpath(host_path, self.root)
+            mode, uid, gid = self.stat_of(node_path)
+            self.stats[node_path] = (mode & ~0o022, uid, gid)
+        return 0, ""
+
     def stat_of(self, node_path):
         if node_path in self.stats:
             return self.stats[node_path]

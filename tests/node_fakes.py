@@ -73,6 +73,7 @@ class FakeRunner(Runner):
         super().__init__(dry_run=dry_run, print_fn=print_fn)
         self.handlers = {}  # tool basename -> handler(argv list) -> (rc, stdout[, stderr])
         self.on_path = set()  # tools `which` finds
+        self.stdin = None  # the input_text of the command being answered
 
     def on(self, tool: str, handler, *, on_path: bool = True) -> None:
         self.handlers[tool] = handler
@@ -87,6 +88,7 @@ class FakeRunner(Runner):
         handler = self.handlers.get(tool)
         if handler is None:
             return CommandResult(argv, 127, "", f"{tool}: command not found")
+        self.stdin = input_text  # what the command reads (iptables-restore's rules), for its handler
         answer = handler(list(argv))
         rc, out = answer[0], answer[1]
         err = answer[2] if len(answer) > 2 else ""

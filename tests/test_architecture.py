@@ -38,7 +38,7 @@ ALLOWED_IMPORTS: dict[str, set[str]] = {
     "stacks": {"cluster_constructs", "cluster_spec", "instance_catalog"},
     "app": {"stacks", "cluster_spec"},
     "tools": set(),
-    "benchmarks": {"training"},
+    "benchmarks": {"training", "node_bootstrap"},  # h100_node_check.py runs the packages step and FP8 check
 }
 PACKAGES = sorted(p for p in ALLOWED_IMPORTS if (REPO_ROOT / p / "__init__.py").exists())
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from cluster_aws.errors import EXIT_OK, ClusterctlError
 from cluster_jobs.request import validate_job_id
-from clusterctl.render import format_time
+from clusterctl.render import format_time, terminal_safe
 from clusterctl.runtime import Runtime, say, stack_outputs
 
 MAX_STREAMS_PER_CALL = 100  # FilterLogEvents takes at most 100 logStreamNames
@@ -106,7 +106,9 @@ def logs(args: argparse.Namespace, runtime: Runtime) -> int:
     )
     try:
         for line in lines:
-            say(runtime, f"{format_time(line.timestamp)} [{line.instance_id}] {line.message}")
+            # The job wrote the message: its escape sequences are shown, not run by the operator's terminal.
+            say(runtime, f"{format_time(line.timestamp)} [{terminal_safe(line.instance_id)}] "
+                         f"{terminal_safe(line.message)}")
     except KeyboardInterrupt:
         if not args.follow:
             raise

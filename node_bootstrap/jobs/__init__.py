@@ -17,7 +17,8 @@ restart of the SSM agent kills the processes in its cgroup. So `start` only laun
 supervisor sources the training env file, runs torchrun, tees its output to the job log (which the
 CloudWatch agent ships to the stream `jobs/<id>/{instance_id}`), records status.json, and forwards SIGTERM
 to torchrun so the trainer checkpoints before it exits. torchrun and the trainer run as the unprivileged job
-user (node_bootstrap/accounts.py), which owns the job's checkpoint directory and log, never as root.
+user (node_bootstrap/accounts.py), which owns the job's own directories and log, never as root; root touches
+them only through descriptors that follow no link of that user's (safe_paths.py, job_paths.py).
 
 Launchers: `systemd` (systemd-run; the default wherever systemd is PID 1) and `direct` (double fork and
 setsid; for containers and tests, where systemd is not running). Both run the same supervisor.
@@ -28,7 +29,8 @@ kept aside and the job log is appended to (attempts.py, attempt_log.py).
 
 Modules, in dependency order: errors (exit codes, JobError), settings (node config), spec (JobSpec, JobFiles,
 the torchrun argv), logs (the job log to CloudWatch), attempt_log (where an attempt begins in the job log),
-control (`status`, `cancel`), attempts (a later attempt on a node that ran the job), launch (`start`),
+control (`status`, `cancel`), attempts (a later attempt on a node that ran the job), safe_paths (root's
+operations on paths the job user can write), job_paths (what the job user gets at a start), launch (`start`),
 progress (hang detection from the trainer's step lines), supervise (`supervise`), cli (the argument parser
 and main; __main__ runs it). This package re-exports their public names, so `from node_bootstrap import
 jobs; jobs.JOB_ID_RE` keeps working.
@@ -60,15 +62,14 @@ from node_bootstrap.jobs.control import (
     wait_for_end,
 )
 from node_bootstrap.jobs.errors import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, JobError
+from node_bootstrap.jobs.job_paths import prepare_job_paths
 from node_bootstrap.jobs.launch import (
     START_LOCK_WAIT_SECONDS,
     START_WAIT_SECONDS,
-    give_to,
     job_account,
     launch_direct,
     launch_systemd,
     package_parent,
-    prepare_job_paths,
     start_job,
     start_lock,
     supervisor_argv,
@@ -176,7 +177,6 @@ __all__ = [
     "find_nccl_network",
     "find_resumed_from_step",
     "find_resumed_from_tier",
-    "give_to",
     "job_account",
     "job_status",
     "keep_previous_attempt",

@@ -6,7 +6,7 @@ Launchers: `systemd` (systemd-run; the default wherever systemd is PID 1) and `d
 setsid; for containers and tests, where systemd is not running). Both run the same supervisor.
 
 The job itself runs as the unprivileged job user (node_bootstrap/accounts.py), never as root: `start` gives
-that user the job's checkpoint directory and log file, and the supervisor (root, so that what root later
+that user the job's own directories and log file (job_paths.py), and the supervisor (root, so that what root later
 reads and acts on, status.json and job.json, stays root's) starts torchrun as that user.
 """
 
@@ -23,17 +23,15 @@ from typing import Optional
 from node_bootstrap.accounts import JOB_USER, Account, AccountError, read_account
 from node_bootstrap.jobs.attempts import keep_previous_attempt
 from node_bootstrap.jobs.errors import JobError
+from node_bootstrap.jobs.job_paths import prepare_job_paths
 from node_bootstrap.jobs.logs import maybe_ship_job_log
 from node_bootstrap.jobs.settings import JobSettings, under_root
 from node_bootstrap.jobs.spec import (
     STOP_GRACE_SECONDS,
-    TRAINING_MODULE,
     UNIT_PREFIX,
     JobFiles,
     JobSpec,
     build_torchrun_argv,
-    checkpoint_dir,
-    local_checkpoint_dir,
     read_json,
     utc_now,
     write_json_atomic,
@@ -117,52 +115,6 @@ def job_account(settings: JobSettings) -> Account:
     return account
 
 
-def give_to(account: Account, path: str) -> None:
-    """chown `path` to the job user (a no-op when it already is, and all a non-root caller can do)."""
-    info = os.stat(path)
-    if (info.st_uid, info.st_gid) != (account.uid, account.gid):
-        os.chown(path, account.uid, account.gid)
-
-
-def prepare_job_paths(settings: JobSettings, spec: JobSpec, files: JobFiles, account: Account) -> None:
-    """What the job user needs for this job: its log file, and (training) its own checkpoint directory.
-    The other job's directory a resume starts from is only read."""
-    os.makedirs(settings.job_log_dir, exist_ok=True)
-    with open(files.log_path, "ab"):
-        pass
-    give_to(account, files.log_path)
-    if spec.module != TRAINING_MODULE:
-        return
-    own = checkpoint_dir(settings, spec.job_id)
-    if os.path.lexists(own) and not os.path.isdir(own):
-        raise JobError(f"the job's checkpoint directory {own} exists and is not a directory")
-    os.makedirs(own, exist_ok=True)
-    give_to(account, own)
-    if spec.resume_from and not os.path.isdir(checkpoint_dir(settings, spec.resume_from)):
-        raise JobError(f"resume-from={spec.resume_from!r}: no checkpoint directory "
-                       f"{checkpoint_dir(settings, spec.resume_from)} on this node")
-    prepare_local_checkpoints(settings, spec.job_id, account)
-
-
-def prepare_local_checkpoints(settings: JobSettings, job_id: str, account: Account) -> None:
-    """The job's local checkpoint tier on this node's scratch, owned by the job user. Other jobs' local
-    checkpoints go: one job runs on a node at a time, their durable checkpoints stay on FSx, and a restart of
-    this job finds its own directory as it left it (a replacement node: empty, the shards come from replicas)."""
-    own = local_checkpoint_dir(settings, job_id)
-    if not own:
-        return
-    root = settings.local_checkpoint_root
-    if os.path.isdir(root):
-        for name in os.listdir(root):
-            other = os.path.join(root, name)
-            if name != job_id and os.path.isdir(other) and not os.path.islink(other):
-                shutil.rmtree(other, ignore_errors=True)
-    if os.path.lexists(own) and not os.path.isdir(own):
-        raise JobError(f"the job's local checkpoint directory {own} exists and is not a directory")
-    os.makedirs(own, exist_ok=True)
-    give_to(account, own)
-
-
 @contextlib.contextmanager
 def start_lock(jobs_dir: str, wait_seconds: float = START_LOCK_WAIT_SECONDS) -> Iterator[None]:
     """One `start` at a time on a node, so that two deliveries of the same start (or two starts of one job)
@@ -202,7 +154,7 @@ def _start_locked(settings: JobSettings, spec: JobSpec, node_config: str, launch
     if launcher == "auto":
         launcher = "systemd" if systemd_available(settings.root) else "direct"
     account = job_account(settings)
-    prepare_job_paths(settings, spec, files, account)
+    home = prepare_job_paths(settings, spec, files, account)
 
     os.makedirs(files.job_dir, exist_ok=previous_status is not None)
     write_json_atomic(files.spec_path, {
@@ -216,8 +168,9 @@ def _start_locked(settings: JobSettings, spec: JobSpec, node_config: str, launch
         "unit": files.unit,
         "launcher": launcher,
         "stopGraceSeconds": spec.stop_grace_seconds,
+        # home: the HOME (and TMPDIR) the job gets, its own scratch; the account's own home is root's
         "user": {"name": account.name, "uid": account.uid, "gid": account.gid, "groups": list(account.groups),
-                 "home": account.home},
+                 "home": home or account.home},
         "createdAt": utc_now(),
     })
     cloudwatch = maybe_ship_job_log(settings, spec.job_id, files.log_path)

@@ -8,6 +8,7 @@ from node_bootstrap.jobs.errors import EXIT_USAGE, JobError
 
 DEFAULT_NODE_CONFIG = "/etc/cluster/node-config.json"
 LOCAL_CHECKPOINTS = "checkpoints"  # under the node's scratch: the local checkpoint tier of the job running there
+JOB_SCRATCH = "jobs"  # under the node's scratch: the scratch of the job running there, its HOME and TMPDIR
 
 
 def under_root(root: str, path: str) -> str:
@@ -33,6 +34,8 @@ class JobSettings:
     start_timeout_s: float = 3600.0  # training.jobStartTimeoutSeconds: the same for the first step after a (re)start
     # <scratch.mountPoint>/checkpoints: the local checkpoint tier's <root>/<job id> on the node's NVMe; "": none
     local_checkpoint_root: str = ""
+    # <scratch.mountPoint>/jobs: each job's own scratch <root>/<job id>, its HOME and TMPDIR; "": none
+    job_scratch_root: str = ""
 
 
 def load_settings(root: str = "/", node_config: str = DEFAULT_NODE_CONFIG) -> JobSettings:
@@ -56,4 +59,5 @@ def load_settings(root: str = "/", node_config: str = DEFAULT_NODE_CONFIG) -> Jo
         hang_timeout_s=float(training.job_hang_timeout_seconds),
         start_timeout_s=float(training.job_start_timeout_seconds),
         local_checkpoint_root=os.path.join(under_root(root, config.scratch.mount_point), LOCAL_CHECKPOINTS),
+        job_scratch_root=os.path.join(under_root(root, config.scratch.mount_point), JOB_SCRATCH),
     )

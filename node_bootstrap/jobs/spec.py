@@ -160,6 +160,12 @@ def local_checkpoint_dir(settings: JobSettings, job_id: str) -> str:
     return os.path.join(root, job_id) if root else ""
 
 
+def job_scratch_dir(settings: JobSettings, job_id: str) -> str:
+    """The job's own scratch on this node, its HOME and TMPDIR ("" when the settings name no scratch)."""
+    root = settings.job_scratch_root
+    return os.path.join(root, job_id) if root else ""
+
+
 def checkpoint_dir(settings: JobSettings, job_id: str) -> str:
     """The job's own checkpoint directory: the only one it writes, and the one --resume auto reads."""
     return f"{settings.checkpoint_root.rstrip('/')}/{job_id}"

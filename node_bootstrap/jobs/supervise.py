@@ -66,6 +66,12 @@ def job_identity(user: object) -> dict[str, object]:
             "name": str(user["name"]), "home": str(user["home"])}
 
 
+def open_log(path: str) -> BinaryIO:
+    """The job log for appending, never through a link (its directory is root's, the file the job user's)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    return os.fdopen(fd, "ab")
+
+
 class Supervisor:
     """Runs one job: the process behind the systemd unit (or the direct launcher's daemon)."""
 
@@ -136,10 +142,16 @@ class Supervisor:
         except JobError as e:
             return self._finish("failed", None, error=str(e))
         if identity:
+            # home: the job's own scratch (job_paths.py), so no job finds another's caches, ~/.local or temp
+            # files (torch's compile cache defaults to $TMPDIR/torchinductor_<user>)
             name, home = str(identity.pop("name")), str(identity.pop("home"))
-            env.update(HOME=home, USER=name, LOGNAME=name)
+            env.update(HOME=home, TMPDIR=home, USER=name, LOGNAME=name)
         command = build_job_command(str(self.spec["envFile"]), argv)
-        with open(str(self.spec["logPath"]), "ab") as log:
+        try:
+            log = open_log(str(self.spec["logPath"]))
+        except OSError as e:
+            return self._finish("failed", None, error=f"cannot open the job log {self.spec['logPath']}: {e.strerror}")
+        with log:
             # where this attempt begins in a log the job's attempts share (status reads only what follows)
             log.write(attempt_marker(self.attempt, utc_now(), str(self.status["hostname"]), argv).encode())
             log.flush()

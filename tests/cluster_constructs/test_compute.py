@@ -169,8 +169,9 @@ def test_node_role_permissions_are_scoped(p5):
     assert monitor_tags["Resource"] == tags["Resource"]
     # minimizePolicies merges the statements on the group ARN without conditions into one.
     health = by_action[json.dumps(["autoscaling:SetInstanceHealth", "autoscaling:SuspendProcesses"])]
-    # {"Fn::Join": ["", ["arn:aws:autoscaling:us-east-1:", {"Ref": "AWS::AccountId"}, ":autoScalingGroup/..."]]}
-    assert health["Resource"]["Fn::Join"][1][-1] == ":autoScalingGroup/*:autoScalingGroupName/Test-nodes"
+    # {"Fn::Join": ["", ["arn:aws:autoscaling:us-east-1:", {"Ref": "AWS::AccountId"}, ":autoScalingGroup:..."]]}
+    # the real ARN form (a colon after autoScalingGroup): a slash there matches no group, and the grant nothing
+    assert health["Resource"]["Fn::Join"][1][-1] == ":autoScalingGroup:*:autoScalingGroupName/Test-nodes"
     metrics = by_action[json.dumps("cloudwatch:PutMetricData")]
     assert metrics["Condition"] == {"StringEquals": {"cloudwatch:namespace": ["CWAgent", "TrainingCluster"]}}
     logs = by_action[json.dumps(["logs:CreateLogStream", "logs:DescribeLogStreams", "logs:PutLogEvents"])]

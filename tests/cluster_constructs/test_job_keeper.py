@@ -4,6 +4,7 @@ The handler module (job_keeper/handler.py) is not imported here: the template na
 staged by cluster_constructs/bundle.py (tests/cluster_constructs/test_bundle.py checks what the asset holds).
 """
 
+import dataclasses
 import json
 
 import aws_cdk as cdk
@@ -13,10 +14,12 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sns as sns
 from aws_cdk.assertions import Template
+from keeper_calls import aws_calls
 
 from cluster_constructs.bundle import stage_keeper_code
 from cluster_constructs.job_keeper import JobKeeper
 from cluster_spec.settings import CapacityMode
+from job_keeper.keeper import Clients
 
 GROUP = "TrainingClusterStack-nodes"
 DOCUMENT = "TrainingClusterStack-JobsDocument-AbC123"
@@ -190,11 +193,10 @@ def test_the_role_may_do_exactly_what_the_keeper_needs(on_demand):
     actions = {sid: sorted([s["Action"]] if isinstance(s["Action"], str) else s["Action"])
                for sid, s in statements.items()}
     assert actions == {
-        "JobRecords": ["dynamodb:ConditionCheckItem", "dynamodb:DeleteItem", "dynamodb:GetItem",
-                       "dynamodb:PutItem", "dynamodb:Scan"],
+        "JobRecords": ["dynamodb:DeleteItem", "dynamodb:GetItem", "dynamodb:PutItem"],
         "SendJobDocument": ["ssm:SendCommand"],
         "SendToClusterNodes": ["ssm:SendCommand"],
-        "ReadCommandResults": ["ssm:GetCommandInvocation", "ssm:ListCommands"],
+        "ReadCommandResults": ["ssm:GetCommandInvocation"],
         "DescribeCluster": ["autoscaling:DescribeAutoScalingGroups", "ec2:DescribeCapacityReservations",
                             "ec2:DescribeInstances"],
         "PublishAlarm": ["sns:Publish"],
@@ -232,3 +234,38 @@ def test_an_unencrypted_topic_needs_no_key_permission(capacity_block):
     statements = capacity_block.statements()
     assert "UseAlarmTopicKey" not in statements
     assert not [s for s in statements.values() if "kms:" in json.dumps(s["Action"])]
+
+
+# What the role grants that no line of job_keeper/ calls: the Lambda runtime writes the function's log, and SNS
+# uses the alarm topic's key with the publisher's permissions when the keeper publishes.
+AROUND_THE_CODE = {"WriteLogs": {"logs:CreateLogStream", "logs:PutLogEvents"},
+                   "UseAlarmTopicKey": {"kms:GenerateDataKey", "kms:Decrypt"}}
+
+
+def test_the_role_grants_exactly_the_calls_the_keepers_code_makes(on_demand):
+    """Read from job_keeper/ and what it uses of cluster_jobs/ and cluster_aws/ (the keeper's Lambda asset; its
+    other packages, node_bootstrap, training and instance_catalog, make no AWS call): a new call without its
+    grant fails here, and so does a grant no call needs."""
+    services = [f.name for f in dataclasses.fields(Clients)]  # the clients job_keeper.handler makes
+    calls = aws_calls(packages=("job_keeper", "cluster_jobs", "cluster_aws"), entry="job_keeper", services=services)
+    statements = on_demand.statements()
+    granted = {a for sid, s in statements.items() if sid not in AROUND_THE_CODE
+               for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])}
+    missing = {action: sorted(sites) for action, sites in calls.items() if action not in granted}
+    assert missing == {}, "called without a grant"
+    assert sorted(granted - set(calls)) == [], "granted, never called"
+    assert {sid: set(statements[sid]["Action"]) for sid in AROUND_THE_CODE} == AROUND_THE_CODE
+
+
+def test_the_keepers_other_packages_make_no_aws_call():
+    """Why the call reader need not look into node_bootstrap, training and instance_catalog: none imports an AWS
+    SDK."""
+    from cdk_support import REPO_ROOT
+
+    from cluster_constructs.bundle import KEEPER_CODE
+
+    others = sorted(set(KEEPER_CODE.packages) - {"job_keeper", "cluster_jobs", "cluster_aws"})
+    assert others == ["instance_catalog", "node_bootstrap", "training"]
+    mentions = [str(path.relative_to(REPO_ROOT)) for package in others for path in (REPO_ROOT / package).rglob("*.py")
+                if "boto3" in path.read_text() or "botocore" in path.read_text()]
+    assert mentions == []

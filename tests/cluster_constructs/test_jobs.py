@@ -285,16 +285,22 @@ def test_operator_reads_results_logs_stack_and_capacity(built):
         "ec2:DescribeCapacityReservations", "ec2:DescribeCapacityBlockOfferings",
         "ec2:DescribeSpotPriceHistory", "pricing:GetProducts",
         "servicequotas:GetServiceQuota", "servicequotas:GetAWSDefaultServiceQuota"}
-    purchase = statement(template, "PurchaseCapacityBlocks")
-    assert purchase["Action"] == "ec2:PurchaseCapacityBlock"
-    assert purchase["Resource"]["Fn::Join"][1][-1] == ":ec2:us-east-1:111122223333:capacity-reservation/*"
+
+
+def test_operator_cannot_buy_capacity_blocks(built):
+    """A purchase is paid upfront and cannot be cancelled: it takes the separate purchaser policy
+    (tests/cluster_constructs/test_capacity_purchase.py)."""
+    _, _, template = built
+    (policy,) = template.find_resources("AWS::IAM::ManagedPolicy").values()
+    document = json.dumps(policy["Properties"]["PolicyDocument"])
+    assert "Purchase" not in document and "capacity-reservation" not in document
 
 
 def test_operator_may_read_and_write_the_job_table_only(built):
     _, _, template = built
     records = statement(template, "JobRecords")
-    assert sorted(records["Action"]) == ["dynamodb:ConditionCheckItem", "dynamodb:DeleteItem",
-                                         "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Scan"]
+    assert sorted(records["Action"]) == ["dynamodb:DeleteItem", "dynamodb:GetItem", "dynamodb:PutItem",
+                                         "dynamodb:Scan"]
     assert records["Resource"] == JOB_TABLE_ARN and "Condition" not in records
     (policy,) = template.find_resources("AWS::IAM::ManagedPolicy").values()
     dynamodb = [s for s in policy["Properties"]["PolicyDocument"]["Statement"] if "dynamodb:" in json.dumps(s)]

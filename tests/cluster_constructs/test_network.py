@@ -8,15 +8,27 @@ from cdk_support import bare_stack, build_settings, resources_of
 
 from cluster_constructs.network import ClusterNetwork
 
+LOG_GROUP = "/training-cluster/TrainingClusterStack/run-1"
+GROUP = "TrainingClusterStack-nodes"
+BUCKETS = ("data-bucket", "checkpoint-bucket")
+BUNDLE = "arn:aws:s3:::cdk-assets/0123abcd.zip"
 
-def _network(**overrides):
-    stack = bare_stack()
-    network = ClusterNetwork(
+
+def _new_network(stack, **overrides):
+    return ClusterNetwork(
         stack,
         "Network",
         settings=build_settings(**overrides).network,
         flow_log_retention=logs.RetentionDays.ONE_MONTH,
+        log_group_name=LOG_GROUP,
+        auto_scaling_group_name=GROUP,
     )
+
+
+def _network(**overrides):
+    stack = bare_stack()
+    network = _new_network(stack, **overrides)
+    network.allow_s3(bucket_names=BUCKETS, object_arns=[BUNDLE])
     return network, Template.from_stack(stack)
 
 
@@ -149,9 +161,7 @@ def test_flow_logs_go_to_cloudwatch(with_nat):
 
 def test_efa_file_system_rules_are_added_on_request():
     stack = bare_stack()
-    network = ClusterNetwork(
-        stack, "Network", settings=build_settings().network, flow_log_retention=logs.RetentionDays.ONE_MONTH
-    )
+    network = _new_network(stack)
     network.allow_efa_file_system()
     template = Template.from_stack(stack)
     resolve = stack.resolve
@@ -163,3 +173,68 @@ def test_efa_file_system_rules_are_added_on_request():
     template.has_resource_properties(
         "AWS::EC2::SecurityGroupIngress", {"IpProtocol": "-1", "GroupId": fsx, "SourceSecurityGroupId": fsx}
     )
+
+
+ACCOUNT = {"StringEquals": {"aws:PrincipalAccount": {"Ref": "AWS::AccountId"}}}
+
+
+def _endpoint_policies(network, template) -> dict[str, list[dict]]:
+    """Each endpoint's policy statements, by the endpoint's construct id (S3Endpoint, SsmEndpoint, ...)."""
+    stack = cdk.Stack.of(network)
+    endpoints = {**{f"{n}Endpoint": e for n, e in network.interface_endpoints.items()},
+                 "S3Endpoint": network.s3_endpoint}
+    resources = template.to_json()["Resources"]
+    return {name: resources[stack.get_logical_id(e.node.default_child)]["Properties"]["PolicyDocument"]["Statement"]
+            for name, e in endpoints.items()}
+
+
+def test_every_endpoint_has_a_policy(isolated):
+    network, template = isolated
+    policies = _endpoint_policies(network, template)
+    assert len(policies) == 8 and all(policies.values())
+    for statements in policies.values():
+        assert {s["Effect"] for s in statements} == {"Allow"}
+
+
+def test_the_s3_endpoint_passes_the_stacks_buckets_the_bundle_and_aws_owned_repositories_only(isolated):
+    network, template = isolated
+    by_sid = {s["Sid"]: s for s in _endpoint_policies(network, template)["S3Endpoint"]}
+    assert set(by_sid) == {"ReadAwsOwnedRepositories", "ClusterBuckets", "NodeDownloads"}
+    assert by_sid["ClusterBuckets"]["Action"] == "s3:*" and by_sid["ClusterBuckets"]["Condition"] == ACCOUNT
+    assert sorted(by_sid["ClusterBuckets"]["Resource"]) == [
+        "arn:aws:s3:::checkpoint-bucket", "arn:aws:s3:::checkpoint-bucket/*",
+        "arn:aws:s3:::data-bucket", "arn:aws:s3:::data-bucket/*"]
+    assert by_sid["NodeDownloads"] == {"Sid": "NodeDownloads", "Effect": "Allow", "Principal": {"AWS": "*"},
+                                       "Action": "s3:GetObject", "Resource": BUNDLE, "Condition": ACCOUNT}
+    # public repositories and the SSM Agent's buckets in the stack's Region: reads only, signed or anonymous
+    owned = by_sid["ReadAwsOwnedRepositories"]
+    assert owned["Action"] == "s3:GetObject" and "Condition" not in owned
+    assert sorted(owned["Resource"]) == sorted(f"arn:aws:s3:::{bucket}/*" for bucket in (
+        "al2023-repos-us-east-1-*", "amazon-ssm-us-east-1", "aws-ssm-us-east-1", "us-east-1-birdwatcher-prod",
+        "aws-ssm-distributor-file-us-east-1", "aws-ssm-document-attachments-us-east-1", "fsx-lustre-client-repo",
+        "fsx-lustre-client-repo-public-keys"))
+
+
+def test_logs_and_auto_scaling_pass_the_clusters_group_only(isolated):
+    network, template = isolated
+    policies = _endpoint_policies(network, template)
+    (logs_statement,) = policies["LogsEndpoint"]
+    group = {"Fn::Join": ["", ["arn:aws:logs:us-east-1:", {"Ref": "AWS::AccountId"}, f":log-group:{LOG_GROUP}"]]}
+    assert logs_statement["Action"] == "logs:*" and logs_statement["Condition"] == ACCOUNT
+    assert logs_statement["Resource"] == [group, {"Fn::Join": ["", [*group["Fn::Join"][1][:-1],
+                                                                      f":log-group:{LOG_GROUP}:*"]]}]
+    by_sid = {s["Sid"]: s for s in policies["AutoScalingEndpoint"]}
+    assert by_sid["ClusterGroup"]["Action"] == "autoscaling:*"
+    assert by_sid["ClusterGroup"]["Resource"]["Fn::Join"][1][-1] == (
+        f":autoScalingGroup:*:autoScalingGroupName/{GROUP}")
+    assert (by_sid["Describes"]["Action"], by_sid["Describes"]["Resource"]) == ("autoscaling:Describe*", "*")
+    assert {s["Condition"] == ACCOUNT for s in by_sid.values()} == {True}
+
+
+@pytest.mark.parametrize("endpoint", ["SsmEndpoint", "SsmMessagesEndpoint", "Ec2MessagesEndpoint",
+                                      "MonitoringEndpoint", "Ec2Endpoint"])
+def test_the_other_endpoints_pass_the_stacks_account_only(isolated, endpoint):
+    network, template = isolated
+    assert _endpoint_policies(network, template)[endpoint] == [{
+        "Sid": "AccountPrincipals", "Effect": "Allow", "Principal": {"AWS": "*"}, "Action": "*", "Resource": "*",
+        "Condition": ACCOUNT}]

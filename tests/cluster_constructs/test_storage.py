@@ -142,3 +142,63 @@ def test_existing_buckets_are_imported_not_created():
             "LustreConfiguration": Match.object_like({"EfaEnabled": True, "PerUnitStorageThroughput": 250}),
         },
     )
+
+
+ADMIN_ROLE = "arn:aws:iam::123456789012:role/checkpoint-admin"
+WRITE_ACTIONS = {
+    "s3:PutObject", "s3:DeleteObject", "s3:DeleteObjectVersion", "s3:AbortMultipartUpload", "s3:PutObjectAcl",
+    "s3:PutObjectVersionAcl", "s3:PutObjectTagging", "s3:PutObjectVersionTagging", "s3:DeleteObjectTagging",
+    "s3:DeleteObjectVersionTagging", "s3:PutObjectRetention", "s3:PutObjectLegalHold", "s3:ReplicateObject",
+    "s3:ReplicateDelete", "s3:ReplicateTags",
+}
+
+
+def _bucket_policy(storage, template, bucket):
+    """The BucketPolicy resource of `bucket`, with its logical id and DeletionPolicy."""
+    stack = storage.node.scope
+    bucket_ref = {"Ref": stack.get_logical_id(bucket.node.default_child)}
+    (policy,) = [p for p in template.find_resources("AWS::S3::BucketPolicy").values()
+                 if p["Properties"]["Bucket"] == bucket_ref]
+    return policy
+
+
+def _export_role(storage):
+    file_system = storage.node.scope.get_logical_id(storage.file_system)
+    return {"Fn::Join": ["", [
+        "arn:aws:iam::", {"Ref": "AWS::AccountId"},
+        ":role/aws-service-role/s3.data-source.lustre.fsx.amazonaws.com/AWSServiceRoleForFSxS3Access_",
+        {"Ref": file_system}]]}
+
+
+def test_only_the_export_writes_and_deletes_checkpoint_objects_by_default(created):
+    storage, template = created
+    policy = _bucket_policy(storage, template, storage.checkpoint_bucket)
+    assert policy["DeletionPolicy"] == "Retain"  # kept with the retained bucket after `cdk destroy`
+    (deny,) = [s for s in policy["Properties"]["PolicyDocument"]["Statement"]
+               if s.get("Sid") == "OnlyTheExportAndTheAdminRoleWrite"]
+    assert deny["Effect"] == "Deny" and deny["Principal"] == {"AWS": "*"}
+    assert set(deny["Action"]) == WRITE_ACTIONS
+    bucket = storage.node.scope.get_logical_id(storage.checkpoint_bucket.node.default_child)
+    assert deny["Resource"] == {"Fn::Join": ["", [{"Fn::GetAtt": [bucket, "Arn"]}, "/*"]]}  # objects only
+    # this file system's own S3 role, by its id: no other file system, and no other principal
+    assert deny["Condition"] == {"ArnNotLike": {"aws:PrincipalArn": [_export_role(storage)]}}
+
+
+def test_the_admin_role_is_the_one_other_writer():
+    storage, template = _storage(checkpointAdminRoleArn=ADMIN_ROLE)
+    policy = _bucket_policy(storage, template, storage.checkpoint_bucket)
+    (deny,) = [s for s in policy["Properties"]["PolicyDocument"]["Statement"]
+               if s.get("Sid") == "OnlyTheExportAndTheAdminRoleWrite"]
+    assert deny["Condition"] == {"ArnNotLike": {"aws:PrincipalArn": [_export_role(storage), ADMIN_ROLE]}}
+
+
+def test_the_data_bucket_stays_writable_for_publishing_data(created):
+    storage, template = created
+    policy = _bucket_policy(storage, template, storage.data_bucket)
+    statements = policy["Properties"]["PolicyDocument"]["Statement"]
+    assert [s["Condition"] for s in statements] == [{"Bool": {"aws:SecureTransport": "false"}}]
+
+
+def test_an_imported_checkpoint_bucket_gets_no_policy_from_the_stack():
+    storage, template = _storage(checkpointBucketName="team-ckpt")
+    assert "OnlyTheExportAndTheAdminRoleWrite" not in str(template.to_json())

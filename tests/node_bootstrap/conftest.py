@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from node_fake_firewall import FakeFirewall
 from node_fake_machine import FakeNode
 from node_fakes import (
     FIXTURES,
@@ -87,12 +88,14 @@ def build_fake_node(root: Path, *, dry_run: bool = False, instance_store: int = 
     runner.on("fi_info", lambda argv: (0, fixture_text(node.fi_info_txt)))
     runner.on("journalctl", lambda argv: (0, fixture_text(node.kernel_log)))
     runner.on("aws", node.aws)
-    for tool in ("useradd", "usermod", "chown", "stat"):
+    for tool in ("useradd", "usermod", "chown", "chmod", "stat"):
         runner.on(tool, getattr(node, tool))
     runner.on("python", node.python, on_path=False)  # run by absolute path
     runner.on(os.path.basename(sys.executable), node.python, on_path=False)  # the CUDA probe's interpreter
     runner.on("amazon-cloudwatch-agent-ctl", node.agent_ctl, on_path=False)
     node.write("/opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-ctl", "#!/bin/sh\n")
+    node.firewall = FakeFirewall()  # iptables, and the metadata service the job user may or may not reach
+    node.firewall.install(runner)
     return node
 
 

@@ -22,15 +22,20 @@ def test_run_brings_a_fresh_node_to_ready_and_logs_every_step(fake_node, kit, ca
     assert fake_node.tags == {"cluster:bootstrap": "ready"}
     assert fake_node.health_status == "Healthy"
     log = (fake_node.root / "var/log/cluster/bootstrap.log").read_text()
-    for step in ("logging", "scratch", "lustre", "packages", "health", "jobuser", "training", "monitor", "signal"):
+    for step in ("logging", "scratch", "lustre", "packages", "health", "jobuser", "imdsblock", "training",
+                 "monitor", "signal"):
         assert f"INFO == {step}\n" in log
+    # the job user's traffic to the metadata service is rejected, and the block is set again at every boot
+    assert [rules["OUTPUT"][0] for rules in fake_node.firewall.chains.values()] == ["-j CLUSTER-IMDS-BLOCK"] * 2
+    assert "cluster-imds-block.service" in fake_node.enabled_units
     assert "bootstrap complete: node is ready" in log
     assert "bootstrap complete: node is ready" in capsys.readouterr().out  # and on stdout for cloud-init
     fstab = fake_node.fstab()
     assert " /scratch xfs defaults,noatime,nofail 0 0" in fstab and " /fsx lustre " in fstab
-    # jobs run as cluster-job, created by the jobuser step, which owns the scratch space
+    # jobs run as cluster-job, created by the jobuser step, which keeps the scratch and the user's home root's
+    # (each job gets its own directories in the scratch at its start)
     assert "cluster-job:x:998:998:" in (fake_node.root / "etc/passwd").read_text()
-    assert fake_node.stat_of("/scratch")[1:] == (998, 998)
+    assert fake_node.stat_of("/scratch")[1:] == fake_node.stat_of("/var/lib/cluster-job")[1:] == (0, 0)
 
 
 def test_running_twice_issues_no_mutating_command_the_second_time(fake_node, kit):
@@ -66,7 +71,7 @@ def test_a_step_error_is_signalled_with_its_step_and_reason(fake_node, kit):
 
 
 def test_a_lock_the_node_cannot_satisfy_fails_it_with_the_package_and_the_reason(fake_node, kit):
-    [wheel] = (fake_node.root / "opt/cluster/bundle/wheelhouse").iterdir()
+    [wheel] = (fake_node.root / "opt/cluster/bundle/wheelhouse").glob("torchao-*.whl")
     wheel.unlink()
     assert run_main(fake_node, kit, "run") == 3
     assert fake_node.tags["cluster:bootstrap"] == "failed" and fake_node.health_status == "Unhealthy"

@@ -19,8 +19,9 @@ def test_start_records_the_job_user_and_gives_it_the_checkpoint_dir_and_log(node
     node = node_factory("exit", exit_code=0)
     node.start("j-user-1")
     spec = json.loads((node.root / "var/lib/cluster/jobs/j-user-1/job.json").read_text())
+    # its HOME is its own scratch directory, not the account's home
     assert spec["user"] == {"name": "cluster-job", "uid": os.getuid(), "gid": os.getgid(), "groups": [44],
-                            "home": "/var/lib/cluster-job"}
+                            "home": f"{node.root}/scratch/jobs/j-user-1"}
     checkpoints = node.root / "fsx/checkpoints/j-user-1"
     log = node.root / "var/log/cluster/jobs/j-user-1.log"
     for path in (checkpoints, log):
@@ -106,6 +107,7 @@ def can_write(directory):
 
 checkpoints = next(a.split("=", 1)[1] for a in sys.argv if a.startswith("checkpoint.dir="))
 record = {"uid": os.getuid(), "gid": os.getgid(), "groups": sorted(os.getgroups()), "home": os.environ["HOME"],
+          "tmp": os.environ["TMPDIR"],
           "user": os.environ["USER"], "checkpoints": can_write(checkpoints),
           "job_dir": can_write(os.environ["FAKE_JOB_DIR"]), "etc": can_write(os.environ["FAKE_ETC"])}
 with open(os.environ["FAKE_RECORD"], "w") as f:
@@ -148,7 +150,7 @@ def test_the_job_runs_as_the_unprivileged_job_user(tmp_path):
         assert status["state"] == "succeeded", (root / "var/log/cluster/jobs/j-drop-1.log").read_text()
         who = json.loads((records / "who.json").read_text())
         assert (who["uid"], who["gid"], who["groups"]) == (65534, 65534, [44])
-        assert (who["home"], who["user"]) == ("/var/lib/cluster-job", "cluster-job")
+        assert (who["home"], who["tmp"], who["user"]) == ((str(root / "scratch/jobs/j-drop-1"),) * 2 + ("cluster-job",))
         # its own checkpoint directory, yes; the state root reads and acts on, or the system, no
         assert (who["checkpoints"], who["job_dir"], who["etc"]) == (True, False, False)
         assert (root / "fsx/checkpoints/j-drop-1").stat().st_uid == 65534

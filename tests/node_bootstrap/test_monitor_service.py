@@ -6,14 +6,16 @@ import json
 
 from node_bootstrap.cli import main
 from node_bootstrap.efa_metrics import UNIT as EFA_METRICS_UNIT
+from node_bootstrap.imds_block import SERVICE as IMDS_BLOCK_UNIT
 from node_bootstrap.monitor.service import SERVICE, TIMER
 
 UNITS = "etc/systemd/system"
 
 
 def monitor_units(fake_node) -> set:
-    """The enabled units that are the monitor's (the logging step enables the EFA collector's too)."""
-    return {unit for unit in fake_node.enabled_units if unit != EFA_METRICS_UNIT}
+    """The enabled units that are the monitor's (the logging step enables the EFA collector's too, and the
+    imdsblock step its own)."""
+    return {unit for unit in fake_node.enabled_units if unit not in (EFA_METRICS_UNIT, IMDS_BLOCK_UNIT)}
 
 
 def run_main(node, kit, *args):

@@ -26,6 +26,7 @@ OUTPUT_KEYS = {
     "MaxJobRestarts",
     "JobKeeperLogGroupName",
     "OperatorPolicyArn",
+    "CapacityPurchaserPolicyArn",
     "AlarmTopicArn",
     "DashboardName",
     "DashboardUrl",
@@ -124,11 +125,17 @@ def test_the_job_keeper_is_wired_to_this_clusters_table_document_group_and_topic
     (key_id,) = stack.resources("AWS::KMS::Key")
     assert statements["UseAlarmTopicKey"]["Resource"] == {"Fn::GetAtt": [key_id, "Arn"]}
     assert resources[topic_id]["Properties"]["KmsMasterKeyId"] == {"Fn::GetAtt": [key_id, "Arn"]}
-    # the operators' policy reads and writes the same table
-    (operator,) = stack.resources("AWS::IAM::ManagedPolicy").values()
+    # the operators' policy reads and writes the same table, and lists it (`clusterctl jobs`)
+    (operator,) = [r for k, r in stack.resources("AWS::IAM::ManagedPolicy").items()
+                   if k.startswith("JobsOperatorPolicy")]
     (records,) = [s for s in operator["Properties"]["PolicyDocument"]["Statement"] if s.get("Sid") == "JobRecords"]
     assert records["Resource"] == {"Fn::GetAtt": [table_id, "Arn"]}
-    assert sorted(records["Action"]) == sorted(statements["JobRecords"]["Action"])
+    assert sorted(records["Action"]) == sorted([*statements["JobRecords"]["Action"], "dynamodb:Scan"])
+    # buying a Capacity Block is the purchaser policy's alone, an output of its own
+    (purchaser_id,) = [k for k in stack.resources("AWS::IAM::ManagedPolicy") if k.startswith("CapacityPurchaser")]
+    assert outputs["CapacityPurchaserPolicyArn"]["Value"] == {"Ref": purchaser_id}
+    assert "PurchaseCapacityBlock" not in json.dumps(operator)
+    assert "PurchaseCapacityBlock" in json.dumps(resources[purchaser_id])
 
 
 def test_only_a_capacity_block_cluster_hears_the_blocks_expiration_warning(synth):

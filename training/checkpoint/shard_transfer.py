@@ -105,9 +105,13 @@ class _Incoming:
             raise ValueError(f"shard header of rank {self.info.rank}: {len(self.sizes)} sizes for "
                              f"{len(self.info.files)} files")
         self.root = root
-        self.partial = partial_dir(root, self.info.step, self.info.rank)
+        self.partial = partial_dir(root, self.info.step, self.info.rank)  # from two integers: inside root
         self.names = sorted(self.info.files)
-        self.problem: str | None = None
+        # The names come from the peer: a name that is not a plain file of this shard is refused before anything
+        # is written, and its chunks are still taken (and dropped) so the sender is not left waiting.
+        self.problem: str | None = next(filter(None, (_unsafe_name(self.partial, n) for n in self.names)), None)
+        if self.problem is not None:
+            return
         try:
             shutil.rmtree(self.partial, ignore_errors=True)
             self.partial.mkdir(parents=True)
@@ -141,6 +145,16 @@ class _Incoming:
                     self.info.rank, self.info.step, problem)
         shutil.rmtree(self.partial, ignore_errors=True)
         return None
+
+
+def _unsafe_name(partial: Path, name: str) -> str | None:
+    """Why ``name``, a file name a peer sent, is not a plain file directly inside ``partial``; None when it is."""
+    resolved = (partial / name).resolve() if name and "\0" not in name else None
+    if (name in ("", ".", "..", SHARD_MARKER) or any(c in name for c in ("/", "\\", "\0"))
+            or resolved is None or resolved.parent != partial.resolve()):
+        return (f"the peer's shard names the file {name!r}: allowed are plain file names inside {partial} "
+                f"(no '/', '\\', NUL, '.', '..' or {SHARD_MARKER!r})")
+    return None
 
 
 def _exchange_tensor(group, send: torch.Tensor | None, dst: int | None, recv: torch.Tensor | None,
