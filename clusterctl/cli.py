@@ -5,6 +5,8 @@ the one place errors become exit codes. The command groups live in modules and p
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
 import traceback
 from collections.abc import Sequence
@@ -71,9 +73,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _join_negative_values(argv: Sequence[str]) -> list[str]:
+    """`--tokens -5B` -> `--tokens=-5B`: argparse takes a value that starts with '-' and is not a plain number for
+    an option, and answers "expected one argument"; joined, the value reaches its check, which names what is
+    allowed."""
+    joined: list[str] = []
+    for arg in argv:
+        if joined and joined[-1].startswith("--") and "=" not in joined[-1] and _NEGATIVE_VALUE.match(arg):
+            joined[-1] = f"{joined[-1]}={arg}"
+        else:
+            joined.append(arg)
+    return joined
+
+
+_NEGATIVE_VALUE = re.compile(r"^-[0-9.]")
+
+
 def main(argv: Sequence[str] | None = None, runtime: Runtime | None = None) -> int:
     runtime = runtime or Runtime()
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_join_negative_values(sys.argv[1:] if argv is None else argv))
     try:
         if runtime.context is None:
             runtime.context = build_context(args.region, args.profile)
@@ -81,6 +99,14 @@ def main(argv: Sequence[str] | None = None, runtime: Runtime | None = None) -> i
     except KeyboardInterrupt:
         print("clusterctl: interrupted", file=runtime.err)
         return 130
+    except BrokenPipeError:
+        # the reader went away (`clusterctl --json plan ... | head`): nothing more to say, and nothing to say it
+        # to. Python's documented idiom (library/signal.html, "Note on SIGPIPE"): point stdout at devnull so the
+        # interpreter's flush at exit does not fail again.
+        if runtime.out is sys.stdout:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_FAILED
     except Exception as error:  # noqa: BLE001 - every error ends as one line unless --debug
         region = runtime.context.region if runtime.context else args.region
         if isinstance(error, UnknownInstanceType | botocore.exceptions.ParamValidationError):

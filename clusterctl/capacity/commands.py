@@ -11,7 +11,7 @@ from clusterctl.arguments import AddCommand, instance_type, positive_int, utc_ti
 from clusterctl.capacity import offerings as capacity
 from clusterctl.capacity import quota as quotas
 from clusterctl.capacity import regional
-from clusterctl.render import format_table, format_time, to_json
+from clusterctl.render import format_table, format_time, format_usd, to_json
 from clusterctl.runtime import say
 
 if TYPE_CHECKING:
@@ -46,24 +46,37 @@ def quota(args: argparse.Namespace, runtime: Runtime) -> int:
 
 def capacity_purchase(args: argparse.Namespace, runtime: Runtime) -> int:
     assert runtime.context is not None
+    capacity.validate_offering_id(args.offering_id)  # before any call
+    offering = capacity.find_offering(
+        runtime.context.client("ec2"), args.offering_id, args.instance_type, args.nodes, args.hours, args.start,
+        args.end, runtime.context.region or "this region",
+    )
     if not args.yes:
-        answer = runtime.confirm(
-            f"Buy Capacity Block offering {args.offering_id}? Its upfront fee is charged "
-            "now and a purchase cannot be cancelled. Type 'yes' to buy: "
+        question = (
+            f"Buy Capacity Block {offering.offering_id}: {offering.instance_count} x {offering.instance_type} in "
+            f"{offering.availability_zone}, {format_time(offering.start)} to {format_time(offering.end)} "
+            f"({offering.duration_hours} h), upfront {format_usd(offering.upfront_fee)} {offering.currency}? The fee "
+            "is charged now and a purchase cannot be cancelled. Type 'yes' to buy: "
         )
+        try:
+            answer = runtime.confirm(question)
+        except EOFError:  # stdin closed (a script, `< /dev/null`): no one said yes
+            answer = ""
+            print(file=runtime.out)  # end the prompt's line
         if answer.strip().lower() != "yes":
             say(runtime, "not bought")
             return EXIT_FAILED
-    reservation = capacity.purchase_block(runtime.context.client("ec2"), args.offering_id)
+    reservation = capacity.purchase_block(runtime.context.client("ec2"), offering.offering_id)
     settings = capacity.deploy_context(reservation, runtime.context.region or "")
     if args.json:
-        say(runtime, to_json({"reservation": reservation, "cdkContext": settings}))
+        say(runtime, to_json({"offering": offering, "reservation": reservation, "cdkContext": settings}))
         return EXIT_OK
     say(
         runtime,
         f"bought {reservation.reservation_id}: {reservation.total_instances} x "
         f"{reservation.instance_type} in {reservation.availability_zone}, "
-        f"{format_time(reservation.start)} to {format_time(reservation.end)} ({reservation.state})",
+        f"{format_time(reservation.start)} to {format_time(reservation.end)} ({reservation.state}), upfront "
+        f"{format_usd(offering.upfront_fee)} {offering.currency}",
     )
     say(runtime, "deploy the cluster on it with:")
     say(runtime, f"  npx cdk deploy {args.stack} " + " ".join(settings))
@@ -145,9 +158,21 @@ def add_parsers(add: AddCommand, common: argparse.ArgumentParser) -> None:
     purchase_parser = capacity_sub.add_parser(
         "purchase",
         parents=[common],
-        help="buy a Capacity Block offering (asks first) and print the cdk deploy settings for it",
+        help="buy a Capacity Block offering (shows what it buys and asks first) and print the cdk deploy settings",
+        description="Buy a Capacity Block offering: it is looked up with the same --instance-type, --nodes, --hours "
+        "(and --start, --end) that `capacity offerings` listed it with, so the prompt shows the instance type and "
+        "count, the AZ, the start and end and the upfront fee before anything is bought. Example: clusterctl "
+        "capacity purchase cb-0123456789abcdef0 --nodes 4 --hours 168",
     )
     purchase_parser.add_argument("offering_id", metavar="OFFERING_ID", help="cb-... from `capacity offerings`")
+    purchase_parser.add_argument("--instance-type", type=instance_type, default="p5.48xlarge",
+                                 help="as listed by `capacity offerings` (default p5.48xlarge)")
+    purchase_parser.add_argument("--nodes", type=positive_int, required=True,
+                                 help="the offering's instance count, as listed by `capacity offerings`")
+    purchase_parser.add_argument("--hours", type=positive_int, required=True,
+                                 help="the offering's length in hours, as listed by `capacity offerings`")
+    purchase_parser.add_argument("--start", type=utc_time, help="the --start `capacity offerings` was given, if any")
+    purchase_parser.add_argument("--end", type=utc_time, help="the --end `capacity offerings` was given, if any")
     purchase_parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     purchase_parser.set_defaults(handler=capacity_purchase)
     reservations_parser = capacity_sub.add_parser(

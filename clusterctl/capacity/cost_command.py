@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from cluster_aws import stack_outputs as stack
 from cluster_aws.errors import EXIT_OK, EXIT_USAGE, ClusterctlError
@@ -13,6 +14,8 @@ from cluster_jobs.document import find_job
 from cluster_jobs.request import validate_job_id
 from cluster_jobs.table import JobTable
 from clusterctl.arguments import AddCommand, instance_type, non_negative_hours, non_negative_int, positive_int
+from clusterctl.capacity import pricing
+from clusterctl.capacity.regions import regional_client
 from clusterctl.render import format_time, format_usd, to_json
 from clusterctl.runtime import Runtime, say, stack_outputs
 
@@ -66,11 +69,31 @@ def _recorded_cost(
     return estimate_cost(record.instance_type, record.nodes, held / record.nodes), label
 
 
+def _regional_price(args: argparse.Namespace, runtime: Runtime, estimate: CostEstimate) -> tuple[CostEstimate, str]:
+    """The estimate at --region's on-demand price from the AWS Price List (the catalog's is us-east-1's), and where
+    the price came from; without --region, or with us-east-1, the catalog's."""
+    catalog = (estimate, f"the catalog's on-demand price, {format_usd(estimate.usd_per_instance_hour)} per "
+               f"instance-hour ({pricing.CATALOG_PRICE_REGION} Linux)")
+    if args.region in (None, pricing.CATALOG_PRICE_REGION):
+        return catalog
+    assert runtime.context is not None
+    client = regional_client(runtime.context, "pricing", pricing.PRICING_API_REGION)
+    price = pricing.on_demand_prices(client, estimate.instance_type, [args.region])[args.region]
+    if price.usd_per_hour is None:
+        raise ClusterctlError(f"--region={args.region}: {price.note} ({estimate.instance_type})")
+    regional = dataclasses.replace(estimate, usd_per_instance_hour=price.usd_per_hour)
+    if price.source == "price-list":
+        return regional, (f"{args.region}'s on-demand price from the AWS Price List, "
+                          f"{format_usd(price.usd_per_hour)} per instance-hour (Linux)")
+    return regional, f"{format_usd(price.usd_per_hour)} per instance-hour, the {price.note}"
+
+
 def _print_cost(args: argparse.Namespace, runtime: Runtime, estimate: CostEstimate, label: str,
                 spare_nodes: int) -> None:
     """The job's (or plan's) nodes, then the spares the group holds beside them over the same hours: idle, and
     billed all the same."""
-    spares = estimate_cost(estimate.instance_type, spare_nodes, estimate.hours) if spare_nodes else None
+    estimate, price_source = _regional_price(args, runtime, estimate)
+    spares = dataclasses.replace(estimate, nodes=spare_nodes) if spare_nodes else None
     if args.json:
         say(
             runtime,
@@ -81,6 +104,7 @@ def _print_cost(args: argparse.Namespace, runtime: Runtime, estimate: CostEstima
                     "nodes": estimate.nodes,
                     "hours": round(estimate.hours, 4),
                     "usdPerInstanceHour": estimate.usd_per_instance_hour,
+                    "priceSource": price_source,
                     "usdPerHour": round(estimate.usd_per_hour, 2),
                     "totalUsd": round(estimate.total_usd, 2),
                     "gpuHours": round(estimate.gpu_hours, 2),
@@ -101,19 +125,16 @@ def _print_cost(args: argparse.Namespace, runtime: Runtime, estimate: CostEstima
         say(runtime, f"plus {spare_nodes} hot spare{'s' if spare_nodes > 1 else ''} (spareNodes) over the same "
                      f"{estimate.hours:.2f} h = {format_usd(spares.total_usd)}: "
                      f"{format_usd(estimate.total_usd + spares.total_usd)} in all")
-    say(
-        runtime,
-        f"estimate at the catalog's on-demand price, {format_usd(estimate.usd_per_instance_hour)} per "
-        "instance-hour (us-east-1 Linux); Capacity Blocks are priced by their upfront fee",
-    )
+    say(runtime, f"estimate at {price_source}; Capacity Blocks are priced by their upfront fee")
 
 
 def add_parsers(add: AddCommand) -> None:
     """`cost`."""
     cost_parser = add(
         "cost",
-        "Estimated on-demand cost from the instance catalog: for a plan (--instance-type, "
-        "--nodes, --hours) or for a job so far (--job).",
+        "Estimated on-demand cost: for a plan (--instance-type, --nodes, --hours) or for a job so far (--job); at "
+        "the instance catalog's us-east-1 price, or with --region at that region's from the AWS Price List. "
+        "Example: clusterctl --region eu-north-1 cost --nodes 4 --hours 72",
     )
     cost_parser.add_argument("--instance-type", type=instance_type, default="p5.48xlarge")
     cost_parser.add_argument("--nodes", type=positive_int)

@@ -7,6 +7,7 @@ deployed against the block with the `-c` settings `deploy_context` prints.
 from __future__ import annotations
 
 import datetime
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,9 @@ HOURS_PER_DAY = 24
 # and 7-day increments up to 182 days".
 MAX_DAILY_INCREMENT_DAYS = 14
 MAX_DURATION_DAYS = 182
+# EC2 ids are a prefix and 17 lowercase hexadecimal-like characters; AWS's own examples of Capacity Block offering
+# ids use letters beyond f (cb-0123456789abcdefg), so any lowercase letter or digit is taken.
+OFFERING_ID = re.compile(r"cb-[0-9a-z]{17}")
 
 
 @dataclass(frozen=True)
@@ -105,11 +109,30 @@ def list_offerings(
     return sorted(offerings, key=lambda o: (o.upfront_fee, o.start))
 
 
-def purchase_block(ec2: Any, offering_id: str) -> Reservation:
-    if not offering_id.startswith("cb-"):
+def validate_offering_id(offering_id: str) -> None:
+    if not OFFERING_ID.fullmatch(offering_id):
         raise ClusterctlError(
-            f"offering id {offering_id!r}: expected cb-... from `clusterctl capacity offerings`", EXIT_USAGE
+            f"offering id {offering_id!r}: expected cb-... (cb- and 17 letters or digits) from `clusterctl capacity "
+            "offerings`", EXIT_USAGE
         )
+
+
+def find_offering(ec2: Any, offering_id: str, instance_type: str, nodes: int, hours: int,
+                  start: datetime.datetime | None, end: datetime.datetime | None, region: str) -> Offering:
+    """The offering `offering_id` among those listed for the same request (EC2 has no call that describes one
+    offering by its id), so a purchase can show what it buys."""
+    for offering in list_offerings(ec2, instance_type, nodes, hours, start, end):
+        if offering.offering_id == offering_id:
+            return offering
+    raise ClusterctlError(
+        f"offering {offering_id}: not among the Capacity Block offerings for {nodes} x {instance_type} for {hours} h "
+        f"in {region} now (sold, expired, or listed with other --instance-type/--nodes/--hours/--start/--end): "
+        "list them again with `clusterctl capacity offerings`"
+    )
+
+
+def purchase_block(ec2: Any, offering_id: str) -> Reservation:
+    validate_offering_id(offering_id)
     response = ec2.purchase_capacity_block(
         CapacityBlockOfferingId=offering_id, InstancePlatform=INSTANCE_PLATFORM
     )

@@ -57,7 +57,7 @@ def capacity_offerings(args: argparse.Namespace, runtime: Runtime) -> int:
             ))
         say(runtime, f"{len(rows)} offerings of {args.nodes} x {args.instance_type} for {args.hours} h in "
                         f"{', '.join(answered) or 'no region'} (cheapest first); buy one in its region with: "
-                        "clusterctl --region REGION capacity purchase OFFERING")
+                        f"clusterctl --region REGION {purchase_command(args)}")
     _warn_errors(runtime, results)
     return exit_code_of(results)
 
@@ -156,5 +156,13 @@ def _offerings_in_one_region(args: argparse.Namespace, runtime: Runtime) -> int:
             ("OFFERING", "AZ", "START", "END", "HOURS", "INSTANCES", "UPFRONT FEE", "PER INSTANCE-HOUR"), rows
         ),
     )
-    say(runtime, "buy one with: clusterctl capacity purchase OFFERING")
+    say(runtime, f"buy one with: clusterctl {purchase_command(args)}")
     return EXIT_OK
+
+
+def purchase_command(args: argparse.Namespace) -> str:
+    """`capacity purchase` with the request that listed the offerings: the purchase looks the offering up again."""
+    window = "".join(f" --{name} {format_time(value)}" for name, value in (("start", args.start), ("end", args.end))
+                     if value is not None)
+    return (f"capacity purchase OFFERING --instance-type {args.instance_type} --nodes {args.nodes} "
+            f"--hours {args.hours}{window}")

@@ -1,18 +1,24 @@
-"""`clusterctl plan`: reads its arguments, plans every instance type (clusterctl.plan.options) and prints the table,
-the rankings and the commands that deploy and run the chosen option (or JSON). Needs no AWS access."""
+"""`clusterctl plan`: reads its arguments, plans every instance type (clusterctl.plan.options, the node count to put
+forward by clusterctl.plan.choose) and prints the table (clusterctl.plan.text), the rankings and the commands that
+deploy and run the chosen option (or JSON). Needs no AWS access."""
 
 from __future__ import annotations
 
 import argparse
+import math
 from typing import TYPE_CHECKING, Any
 
 from cluster_aws.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ClusterctlError
 from clusterctl.arguments import AddCommand, non_negative_int, positive_float
-from clusterctl.plan import memory
+from clusterctl.capacity.pricing import CATALOG_PRICE_REGION
+from clusterctl.plan import choose, memory, text
 from clusterctl.plan import options as plan
+from clusterctl.plan.choose import HORIZON_DAYS
+from clusterctl.plan.fsx_cost import PRICE_SOURCE, stack_fsx
 from clusterctl.plan.mfu import load_measurements
+from clusterctl.plan.options import DEFAULT_GLOBAL_BATCH_TOKENS, MAX_NODES
 from clusterctl.plan.workload import Workload, load_workload
-from clusterctl.render import format_table, to_json
+from clusterctl.render import to_json
 from clusterctl.runtime import say
 from instance_catalog.instance_types import INSTANCE_TYPES, get_instance_type
 from training.shapes import count_params
@@ -28,30 +34,44 @@ def add_parsers(add: AddCommand) -> None:
     parser = add(
         "plan",
         "Before you buy: per instance type, whether the model trains (memory per GPU with FSDP full sharding), "
-        "on how many nodes, in how long, for how much; ranked by cost and by time, with the commands that "
-        "deploy and run the chosen one. Needs no AWS access. Exit 1 when no type fits.",
-        epilog="Memory: sharded fp32 parameters, gradients and AdamW moments (16 B per parameter / GPUs), "
+        "on how many nodes, in how long, for how much (instances and FSx for Lustre); by default the cheapest "
+        "per token of the node counts that finish within --horizon-days, with the commands that deploy and run "
+        "it. Needs no AWS access. Exit 1 when no type fits.",
+        epilog="Node counts: those that split the global batch (--global-batch-tokens) into whole micro-batches, "
+        f"up to {MAX_NODES} (nodeCount + spareNodes). Memory: sharded fp32 parameters, gradients and AdamW moments "
+        "(16 B per parameter / GPUs), "
         "FSDP2's gathered bf16 blocks and reduce-scatter buffers, activations with or without activation "
         "checkpointing, the default loss on the full logits (12 B x vocab per token; parallel.loss_chunk_tokens "
         "> 0 holds about 6 B x vocab per chunk token plus the output head's gradient instead: less when a "
         "micro-batch has at least dim + chunk tokens), a 5% allocator margin and a 3 GiB runtime reserve "
         "(--explain shows it all). Time: "
         "training.shapes.flops_per_token x tokens / (GPUs x dense BF16 peak x MFU). Cost: the catalog's "
-        "us-east-1 on-demand price.",
+        "us-east-1 on-demand price, plus the stack's FSx for Lustre (cdk.json's size and throughput tier) at its "
+        "us-east-1 list price. Example: clusterctl plan --model llama3-8b --tokens 200B",
     )
     parser.add_argument(
         "--model", required=True,
         help="a preset (1b, llama3-8b, llama3-70b, ...: its packaged config) or a training config TOML file",
     )
-    parser.add_argument("--tokens", required=True, help="tokens to train, e.g. 1T, 500B, 2e11")
+    parser.add_argument("--tokens", required=True, help="tokens to train: a positive count, e.g. 200B, 1T, 2e11")
     parser.add_argument(
         "--instance-types", metavar="TYPE,...", help="catalog types to consider (default: all of them)"
     )
     count = parser.add_mutually_exclusive_group()
-    count.add_argument("--nodes", type=_positive_int, help="plan this node count (default: the fewest that fit)")
+    count.add_argument("--nodes", type=_node_count,
+                       help=f"plan this node count, 1 to {MAX_NODES} (default: the count chosen per --choose)")
     count.add_argument(
         "--deadline-days", type=positive_float, metavar="DAYS",
         help="the fewest nodes that finish within DAYS",
+    )
+    parser.add_argument(
+        "--horizon-days", type=positive_float, metavar="DAYS", default=HORIZON_DAYS,
+        help=f"with --choose cost: the cheapest plan that finishes within DAYS (default {HORIZON_DAYS:g})",
+    )
+    parser.add_argument(
+        "--global-batch-tokens", type=_positive_int, metavar="TOKENS",
+        help="tokens per optimizer step at any node count (run.global_batch_tokens; default: the config's, else "
+        f"{DEFAULT_GLOBAL_BATCH_TOKENS:,})",
     )
     parser.add_argument(
         "--spare-nodes", type=non_negative_int, default=0, metavar="N",
@@ -69,7 +89,8 @@ def add_parsers(add: AddCommand) -> None:
     )
     parser.add_argument(
         "--choose", choices=("cost", "time"), default="cost",
-        help="print the deploy and run commands of the cheapest (default) or the fastest option",
+        help="cost (default): each type at its cheapest per token within --horizon-days; time: each type at its "
+        "fastest node count within the cluster's limit; prints the commands of the best",
     )
     parser.add_argument("--explain", action="store_true", help="show the memory, FLOP, time and cost arithmetic")
     parser.set_defaults(handler=plan_command)
@@ -85,6 +106,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _node_count(text: str) -> int:
+    value = _positive_int(text)
+    if value > MAX_NODES:
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed: 1 to {MAX_NODES} (a cluster's nodeCount + spareNodes)")
+    return value
+
+
 def _fraction(text: str) -> float:
     value = positive_float(text)
     if value > 1:
@@ -93,37 +121,45 @@ def _fraction(text: str) -> float:
 
 
 def plan_command(args: argparse.Namespace, runtime: Runtime) -> int:
+    if args.region not in (None, CATALOG_PRICE_REGION):
+        raise ClusterctlError(
+            f"--region={args.region}: plan prices every type at the catalog's {CATALOG_PRICE_REGION} list prices "
+            f"and asks no AWS API; drop --region, and see {args.region}'s prices with `clusterctl capacity prices "
+            f"--regions {args.region}`", EXIT_USAGE)
     workload = load_workload(args.model, args.seq_len, args.micro_batch_size)
     tokens = plan.parse_tokens(args.tokens)
     types = _instance_types(args.instance_types)
-    if args.deadline_days is not None and args.deadline_days <= 0:
-        raise ClusterctlError(f"--deadline-days={args.deadline_days:g}: allowed: a number > 0", EXIT_USAGE)
+    if (args.nodes or 1) + args.spare_nodes > MAX_NODES:
+        raise ClusterctlError(f"--spare-nodes={args.spare_nodes}: --nodes + --spare-nodes must be <= {MAX_NODES} "
+                              f"(--nodes={args.nodes or 'at least 1'})", EXIT_USAGE)
+    global_batch = args.global_batch_tokens or workload.global_batch_tokens or DEFAULT_GLOBAL_BATCH_TOKENS
+    fsx = stack_fsx()
     measurements = load_measurements()
     options = [
-        plan.plan_option(
-            workload, get_instance_type(name), tokens, nodes=args.nodes, deadline_days=args.deadline_days,
+        choose.plan_option(
+            workload, get_instance_type(name), tokens, choose=args.choose, nodes=args.nodes,
+            deadline_days=args.deadline_days, horizon_days=args.horizon_days, global_batch_tokens=global_batch,
             mfu_override=args.mfu, measurements=measurements, spare_nodes=args.spare_nodes,
+            fsx_usd_per_hour=fsx.usd_per_hour if fsx else 0.0,
         )
         for name in types
     ]
-    by_cost, by_time = plan.rank(options, "cost"), plan.rank(options, "time")
+    by_cost, by_time = choose.rank(options, "cost"), choose.rank(options, "time")
     chosen = (by_cost if args.choose == "cost" else by_time)[:1]
     commands = _commands(args, workload, chosen[0]) if chosen else None
-    if args.json:
-        say(runtime, to_json(_report(args, workload, tokens, options, by_cost, by_time, commands)))
-    else:
-        _print_text(args, runtime, workload, tokens, options, by_cost, by_time, commands)
+    plan_view = text.PlanView(args, workload, tokens, global_batch, fsx, options, by_cost, by_time, commands)
+    say(runtime, to_json(_report(plan_view)) if args.json else "\n".join(text.lines(plan_view)))
     return EXIT_OK if chosen else EXIT_FAILED
 
 
-def _instance_types(text: str | None) -> list[str]:
-    if not text:
+def _instance_types(given: str | None) -> list[str]:
+    if not given:
         return list(INSTANCE_TYPES)
-    names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    names = list(dict.fromkeys(n.strip() for n in given.split(",") if n.strip()))
     unknown = [n for n in names if n not in INSTANCE_TYPES]
     if unknown or not names:
         raise ClusterctlError(
-            f"--instance-types={text!r}: allowed: a comma-separated subset of {', '.join(INSTANCE_TYPES)}",
+            f"--instance-types={given!r}: allowed: a comma-separated subset of {', '.join(INSTANCE_TYPES)}",
             EXIT_USAGE,
         )
     return names
@@ -159,9 +195,11 @@ def _option_json(option: plan.Option) -> dict[str, Any]:
         "problem": option.problem or None,
         "minNodesWithoutActivationCheckpointing": option.min_nodes_without_ac,
         "minNodesWithActivationCheckpointing": option.min_nodes_with_ac,
+        "nodeCounts": list(option.node_counts),
         "nodes": option.nodes,
         "spareNodes": option.spare_nodes,
         "gpus": option.gpus,
+        "gradAccumSteps": option.grad_accum_steps if option.viable else None,
         "activationCheckpointing": option.activation_checkpointing,
         "memoryPerGpu": None if mem is None else {
             "peakGiB": round(mem.peak_bytes / GIB, 3),
@@ -173,109 +211,42 @@ def _option_json(option: plan.Option) -> dict[str, Any]:
         "mfuSource": option.mfu.source,
         "mfuDetail": option.mfu.detail,
         "hours": _round(option.hours, 2),
-        "days": _round(option.hours and option.hours / plan.HOURS_PER_DAY, 2),
+        "days": _round(option.days, 2),
+        "withinHorizon": option.within_horizon if option.hours is not None else None,
         "gpuHours": _round(option.gpu_hours, 1),
         "onDemandUsdPerInstanceHour": it.on_demand_usd_per_hour,
-        "onDemandUsd": _round(option.cost_usd, 2),
+        "onDemandUsd": _round(option.instances_usd, 2),
+        "fsxUsd": _round(option.fsx_usd, 2),
+        "totalUsd": _round(option.cost_usd, 2),
         "usdPerMillionTokens": _round(option.usd_per_million_tokens, 4),
     }
 
 
-def _report(args, workload, tokens, options, by_cost, by_time, commands) -> dict[str, Any]:
+def _report(view: text.PlanView) -> dict[str, Any]:
+    workload, args = view.workload, view.args
     return {
         "model": workload.name,
         "config": workload.config,
         "params": count_params(workload.model),
-        "tokens": tokens,
+        "tokens": view.tokens,
         "seqLen": workload.seq_len,
         "microBatchSize": workload.micro_batch_size,
-        "gradAccumSteps": workload.grad_accum_steps,
+        "globalBatchTokens": view.global_batch_tokens,
+        "steps": math.ceil(view.tokens / view.global_batch_tokens),
+        "horizonDays": args.horizon_days if args.choose == "cost" and args.nodes is None
+        and args.deadline_days is None else None,
         "flopsPerToken": plan.flops_per_token(workload.model, workload.seq_len),
-        "options": [_option_json(o) for o in options],
-        "rankedByCost": [o.instance_type.name for o in by_cost],
-        "rankedByTime": [o.instance_type.name for o in by_time],
+        "fsx": None if view.fsx is None else {
+            "storageGiB": view.fsx.storage_gib, "throughputMBpsPerTiB": view.fsx.throughput_mbps_per_tib,
+            "usdPerHour": round(view.fsx.usd_per_hour, 4), "source": view.fsx.source, "priceSource": PRICE_SOURCE,
+        },
+        "options": [_option_json(o) for o in view.options],
+        "rankedByCost": [o.instance_type.name for o in view.by_cost],
+        "rankedByTime": [o.instance_type.name for o in view.by_time],
         "choose": args.choose,
-        "chosen": commands,
+        "chosen": view.commands,
         "priceSource": "instance catalog on-demand list price, us-east-1 Linux",
     }
-
-
-def _print_text(args, runtime, workload, tokens, options, by_cost, by_time, commands) -> None:
-    params = count_params(workload.model)
-    say(
-        runtime,
-        f"plan: {workload.name} ({params / 1e9:.2f}B parameters), {plan.format_tokens(tokens)} tokens, "
-        f"seq {workload.seq_len} x micro-batch {workload.micro_batch_size} x accumulation "
-        f"{workload.grad_accum_steps} per GPU ({workload.config})",
-    )
-    rows = [_row(o) for o in options]
-    say(runtime, format_table(
-        ("TYPE", "GPUS", "FP8", "FITS FROM", "NODES", "AC", "GIB/GPU", "MFU", "DAYS", "GPU-HOURS", "ON-DEMAND",
-         "$/M TOKENS"), rows))
-    for o in options:
-        if o.problem:
-            say(runtime, f"{o.instance_type.name}: {o.problem}")
-    for detail in dict.fromkeys(f"MFU {o.instance_type.gpu_model} fp8 {o.fp8_backend}: {o.mfu.detail}"
-                                for o in options):
-        say(runtime, detail)
-    if args.explain:
-        say(runtime, "arithmetic:")
-        for line in plan.flops_explain(workload, tokens):
-            say(runtime, line)
-        for o in options:
-            say(runtime, f"{o.instance_type.name} at {o.nodes or plan.MAX_NODES} nodes "
-                            f"({(o.nodes or plan.MAX_NODES) * o.instance_type.gpu_count} GPUs), activation "
-                            f"checkpointing {'on' if o.activation_checkpointing else 'off'}:")
-            if o.memory is not None:
-                for line in memory.explain(o.memory):
-                    say(runtime, line)
-            for line in plan.time_cost_explain(o):
-                say(runtime, line)
-    if not by_cost:
-        say(runtime, "no instance type fits: try a shorter --seq-len, --micro-batch-size 1, or a later deadline")
-        return
-    say(runtime, "by cost: " + ", ".join(f"{o.instance_type.name} ${o.cost_usd:,.0f}" for o in by_cost))
-    say(runtime, "by time: " + ", ".join(
-        f"{o.instance_type.name} {o.hours / plan.HOURS_PER_DAY:,.1f} days" for o in by_time))
-    say(runtime, f"chosen ({'cheapest' if args.choose == 'cost' else 'fastest'}): {commands['instanceType']} x "
-                    f"{commands['nodes']}; check the quota, deploy, then run:")
-    say(runtime, f"  {commands['quota']}")
-    say(runtime, f"  {commands['deploy']}")
-    say(runtime, f"  {commands['submit']}")
-    say(runtime, "estimates: on-demand us-east-1 list prices from the instance catalog; time at the MFU above, "
-                    "with no restarts, checkpoint stalls or waiting for capacity. A Capacity Block is priced by its "
-                    "fee: clusterctl capacity offerings --regions ...")
-
-
-def _row(o: plan.Option) -> tuple[object, ...]:
-    it = o.instance_type
-    without, with_ac = o.min_nodes_without_ac, o.min_nodes_with_ac
-    if with_ac is None:
-        fits = "-"
-    elif without == with_ac:
-        fits = str(without)
-    else:
-        fits = f"{with_ac} (AC)" + (f", {without} without" if without is not None else "")
-    fp8 = o.fp8_backend if it.supports_fp8 and o.fp8_backend != "none" else ("available" if it.supports_fp8 else "no")
-    mem = o.memory
-    return (
-        it.name,
-        f"{it.gpu_count}x{it.gpu_model} {it.gpu_memory_gib}G",
-        fp8,
-        fits,
-        o.nodes if o.nodes else "-",
-        "on" if o.activation_checkpointing else "off",
-        "-" if mem is None else f"{mem.peak_bytes / GIB:.1f}/{mem.usable_bytes / GIB:.1f}",
-        f"{o.mfu_effective:.2f}",
-        _fmt(o.hours and o.hours / plan.HOURS_PER_DAY, ",.1f" if (o.hours or 0) >= 240 else ".2f"),
-        _fmt(o.gpu_hours, ",.0f"),
-        _fmt(o.cost_usd, ",.0f", "$"),
-        _fmt(o.usd_per_million_tokens, ",.2f" if (o.usd_per_million_tokens or 0) >= 1 else ".4f", "$"),
-    )
-
-
-def _fmt(value: float | None, spec: str, prefix: str = "") -> str:
-    return "-" if value is None else f"{prefix}{value:{spec}}"
 
 
 def _round(value: float | None, digits: int) -> float | None:

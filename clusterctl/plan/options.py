@@ -7,7 +7,11 @@ Arithmetic, per instance type (every figure from one place):
   checkpointing if it fits so, else with it.
 - Time: FLOPs / (GPUs x dense BF16 peak x MFU), with MFU from clusterctl.plan.mfu (3/4 of it when activation
   checkpointing recomputes the forward).
-- Cost: nodes x hours x the catalog's on-demand price (instance_catalog/instance_types.py, us-east-1).
+- Node counts: those that split the global batch (tokens per optimizer step, the same at every node count)
+  into whole micro-batches: global batch = seq x micro-batch x GPUs x gradient accumulation.
+- Cost: nodes x hours x the catalog's on-demand price (instance_catalog/instance_types.py, us-east-1), plus the
+  stack's FSx for Lustre file system for the same hours (clusterctl.plan.fsx_cost).
+- The choice (clusterctl.plan.choose): per type, the node count to act on.
 Idealised: no restarts, checkpoint stalls, queueing for capacity, or communication the MFU figure did not see.
 """
 
@@ -19,13 +23,18 @@ import re
 from dataclasses import dataclass
 
 from cluster_aws.errors import EXIT_USAGE, ClusterctlError
+from cluster_spec.settings import MAX_NODE_COUNT
 from clusterctl.plan.memory import MemoryEstimate, RunShape, estimate_memory
 from clusterctl.plan.mfu import Measurement, MfuChoice, MfuQuery, choose_mfu
 from clusterctl.plan.workload import Workload
 from instance_catalog.instance_types import InstanceType
-from training.shapes import count_params, flops_per_token
+from training.shapes import flops_per_token
 
-MAX_NODES = 256  # cluster_spec/context.py: nodeCount is 1 to 256
+MAX_NODES = MAX_NODE_COUNT  # nodeCount + spareNodes: synthesis refuses more (cluster_spec/context.py)
+# The global batch when the config sets none (run.global_batch_tokens = 0): 4M tokens, Llama 2's for every size
+# (Touvron et al. 2023, section 2.2: "a global batch-size of 4M tokens") and where Llama 3 405B began. A power of
+# two, so every power-of-two sequence, micro-batch and GPU count splits it evenly.
+DEFAULT_GLOBAL_BATCH_TOKENS = 2**22
 HOURS_PER_DAY = 24.0
 SECONDS_PER_HOUR = 3600.0
 _TOKEN_SUFFIXES = {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
@@ -37,7 +46,7 @@ def parse_tokens(text: str) -> float:
     value = float(match.group(1)) * _TOKEN_SUFFIXES[match.group(2).upper()] if match else math.nan
     if not (math.isfinite(value) and value >= 1):
         raise ClusterctlError(
-            f"--tokens={text!r}: allowed: a number of tokens >= 1, with an optional K, M, B or T suffix (e.g. 1T)",
+            f"--tokens={text!r}: allowed: a positive count of tokens, e.g. 200B, 1T or 2e11 (suffixes K, M, B, T)",
             EXIT_USAGE,
         )
     return value
@@ -53,13 +62,13 @@ def format_tokens(tokens: float) -> str:
 
 @dataclass(frozen=True)
 class Option:
-    """One instance type's answer."""
+    """One instance type's answer at one node count."""
 
     instance_type: InstanceType
     fp8_backend: str  # the backend the run would use there ("none" where the GPU has no FP8)
     min_nodes_without_ac: int | None  # smallest node count that fits without activation checkpointing
     min_nodes_with_ac: int | None  # ... with it; None: not within MAX_NODES
-    nodes: int | None  # the node count planned (--nodes, the deadline's, or the smallest that fits)
+    nodes: int | None  # the node count planned
     activation_checkpointing: bool  # needed at `nodes`
     memory: MemoryEstimate | None  # per GPU at `nodes`
     mfu: MfuChoice
@@ -67,6 +76,11 @@ class Option:
     tokens: float
     problem: str  # "" when the option is viable, else why not
     spare_nodes: int = 0  # hot spares the group holds beyond `nodes` (spareNodes): paid for, idle until a loss
+    global_batch_tokens: int = 0  # tokens per optimizer step, whatever the node count (0: the config's shape)
+    micro_batch_tokens: int = 0  # seq x micro-batch: one GPU's tokens per forward/backward
+    fsx_usd_per_hour: float = 0.0  # the stack's FSx for Lustre file system (clusterctl.plan.fsx_cost)
+    node_counts: tuple[int, ...] = ()  # the counts that fit and split the global batch evenly
+    horizon_days: float | None = None  # the plan's horizon (clusterctl.plan.choose), None where none applies
 
     @property
     def viable(self) -> bool:
@@ -80,6 +94,12 @@ class Option:
     @property
     def gpus(self) -> int:
         return (self.nodes or 0) * self.instance_type.gpu_count
+
+    @property
+    def grad_accum_steps(self) -> int | None:
+        """Micro-batches per GPU per optimizer step at `nodes`: the global batch over one micro-step's tokens."""
+        step = self.micro_batch_tokens * self.gpus
+        return self.global_batch_tokens // step if step else None
 
     @property
     def mfu_effective(self) -> float:
@@ -96,15 +116,34 @@ class Option:
         return training_hours(self.total_flops, self.instance_type, self.nodes, self.mfu_effective)
 
     @property
+    def days(self) -> float | None:
+        return None if self.hours is None else self.hours / HOURS_PER_DAY
+
+    @property
+    def within_horizon(self) -> bool:
+        return self.horizon_days is None or (self.hours is not None and self.hours <= self.horizon_days * 24)
+
+    @property
     def gpu_hours(self) -> float | None:
         return None if self.hours is None else self.hours * self.gpus
 
     @property
-    def cost_usd(self) -> float | None:
-        """The whole group's: the job's nodes and the spares, for the training time."""
+    def instances_usd(self) -> float | None:
+        """The whole group's instances: the job's nodes and the spares, for the training time."""
         if self.hours is None:
             return None
         return (self.nodes + self.spare_nodes) * self.hours * self.instance_type.on_demand_usd_per_hour
+
+    @property
+    def fsx_usd(self) -> float | None:
+        return None if self.hours is None else self.hours * self.fsx_usd_per_hour
+
+    @property
+    def cost_usd(self) -> float | None:
+        """Instances and FSx for Lustre, for the training time."""
+        if self.hours is None:
+            return None
+        return self.instances_usd + self.fsx_usd
 
     @property
     def usd_per_million_tokens(self) -> float | None:
@@ -122,46 +161,66 @@ def effective_fp8_backend(workload: Workload, instance: InstanceType) -> str:
     return workload.fp8_backend if instance.supports_fp8 else "none"
 
 
-def run_shape(workload: Workload, activation_checkpointing: bool) -> RunShape:
+def micro_step_tokens(workload: Workload, instance: InstanceType, nodes: int) -> int:
+    """Tokens of one micro-batch on every GPU of `nodes` nodes."""
+    return workload.seq_len * workload.micro_batch_size * instance.gpu_count * nodes
+
+
+def splits_evenly(workload: Workload, instance: InstanceType, nodes: int, global_batch_tokens: int) -> bool:
+    return global_batch_tokens % micro_step_tokens(workload, instance, nodes) == 0
+
+
+def run_shape(workload: Workload, activation_checkpointing: bool, grad_accum_steps: int | None = None) -> RunShape:
     return RunShape(
         micro_batch_size=workload.micro_batch_size,
         seq_len=workload.seq_len,
-        grad_accum_steps=workload.grad_accum_steps,
+        grad_accum_steps=workload.grad_accum_steps if grad_accum_steps is None else grad_accum_steps,
         activation_checkpointing=activation_checkpointing,
         reshard_after_forward=workload.reshard_after_forward,
     )
 
 
-def memory_at(workload: Workload, instance: InstanceType, nodes: int, ac: bool) -> MemoryEstimate:
-    return estimate_memory(workload.model, run_shape(workload, ac), nodes * instance.gpu_count,
+def memory_at(workload: Workload, instance: InstanceType, nodes: int, ac: bool,
+              global_batch_tokens: int | None = None) -> MemoryEstimate:
+    """Per GPU at `nodes`; with a global batch, its gradient accumulation there (more than one micro-batch keeps
+    the sharded gradients through the forward)."""
+    accum = None if not global_batch_tokens else max(
+        1, math.ceil(global_batch_tokens / micro_step_tokens(workload, instance, nodes)))
+    return estimate_memory(workload.model, run_shape(workload, ac, accum), nodes * instance.gpu_count,
                            instance.gpu_memory_gib)
 
 
-def smallest_fit(workload: Workload, instance: InstanceType, ac: bool) -> int | None:
-    """The fewest nodes (1..MAX_NODES) whose GPUs hold the step; memory per GPU only falls as nodes are added."""
-    low, high = 1, MAX_NODES
-    if not memory_at(workload, instance, high, ac).fits:
+def smallest_fit(workload: Workload, instance: InstanceType, ac: bool, global_batch_tokens: int | None = None,
+                 max_nodes: int = MAX_NODES) -> int | None:
+    """The fewest nodes (1..max_nodes) whose GPUs hold the step; memory per GPU only falls as nodes are added."""
+    def fits(count: int) -> bool:
+        return memory_at(workload, instance, count, ac, global_batch_tokens).fits
+
+    low, high = 1, max_nodes
+    if not fits(high):
         return None
     while low < high:
         middle = (low + high) // 2
-        if memory_at(workload, instance, middle, ac).fits:
+        if fits(middle):
             high = middle
         else:
             low = middle + 1
     return low
 
 
-def plan_option(
+def plan_counts(
     workload: Workload,
     instance: InstanceType,
     tokens: float,
     *,
-    nodes: int | None = None,
-    deadline_days: float | None = None,
+    global_batch_tokens: int = DEFAULT_GLOBAL_BATCH_TOKENS,
     mfu_override: float | None = None,
     measurements: list[Measurement] | None = None,
     spare_nodes: int = 0,
-) -> Option:
+    fsx_usd_per_hour: float = 0.0,
+) -> tuple[Option, list[Option]]:
+    """(a stand-in Option that carries the type's facts, and its answer at every node count that fits and splits
+    the global batch evenly, fewest nodes first). Where there is none, the stand-in says why (its problem)."""
     backend = effective_fp8_backend(workload, instance)
     query = MfuQuery(
         preset=workload.preset,
@@ -173,63 +232,66 @@ def plan_option(
         micro_batch_size=workload.micro_batch_size,
     )
     mfu = choose_mfu(override=mfu_override, query=query, measurements=measurements or [])
-    without_ac = smallest_fit(workload, instance, False)
-    with_ac = smallest_fit(workload, instance, True)
-    total_flops = flops_per_token(workload.model, workload.seq_len) * tokens
+    limit = MAX_NODES - spare_nodes
+    without_ac = smallest_fit(workload, instance, False, global_batch_tokens, limit)
+    with_ac = smallest_fit(workload, instance, True, global_batch_tokens, limit)
+    even = [n for n in range(1, limit + 1) if splits_evenly(workload, instance, n, global_batch_tokens)]
+    counts = tuple(n for n in even if with_ac is not None and n >= with_ac)
     base = dict(instance_type=instance, fp8_backend=backend, min_nodes_without_ac=without_ac,
-                min_nodes_with_ac=with_ac, mfu=mfu, total_flops=total_flops, tokens=tokens,
-                spare_nodes=spare_nodes)
+                min_nodes_with_ac=with_ac, mfu=mfu, total_flops=flops_per_token(workload.model, workload.seq_len)
+                * tokens, tokens=tokens, spare_nodes=spare_nodes, global_batch_tokens=global_batch_tokens,
+                micro_batch_tokens=workload.seq_len * workload.micro_batch_size,
+                fsx_usd_per_hour=fsx_usd_per_hour, node_counts=counts)
 
     def at(count: int, problem: str = "") -> Option:
         ac = without_ac is None or count < without_ac
-        memory = memory_at(workload, instance, count, ac)
+        memory = memory_at(workload, instance, count, ac, global_batch_tokens)
         return Option(nodes=count, activation_checkpointing=ac, memory=memory, problem=problem, **base)
 
     if with_ac is None:
-        memory = memory_at(workload, instance, MAX_NODES, True)
+        memory = memory_at(workload, instance, limit, True, global_batch_tokens)
         return Option(
             nodes=None, activation_checkpointing=True, memory=memory,
-            problem=f"does not fit on {MAX_NODES} nodes, even with activation checkpointing "
+            problem=f"does not fit on {limit} nodes, even with activation checkpointing "
             f"({memory.peak_bytes / 2**30:.1f} GiB per GPU, {memory.usable_bytes / 2**30:.1f} usable)",
             **base,
-        )
-    if nodes is not None:
-        if nodes < with_ac:
-            memory = memory_at(workload, instance, nodes, True)
-            return Option(
-                nodes=nodes, activation_checkpointing=True, memory=memory,
-                problem=f"does not fit on {nodes} nodes (needs {with_ac}): "
-                f"{memory.peak_bytes / 2**30:.1f} GiB per GPU, {memory.usable_bytes / 2**30:.1f} usable",
-                **base,
-            )
-        return at(nodes)
-    if deadline_days is not None:
-        limit_hours = deadline_days * HOURS_PER_DAY
-        for count in range(with_ac, MAX_NODES + 1):
-            option = at(count)
-            if option.hours <= limit_hours:
-                return option
-        slowest = at(MAX_NODES)
-        return dataclasses.replace(
-            slowest,
-            problem=f"misses the deadline: {slowest.hours / HOURS_PER_DAY:.1f} days on {MAX_NODES} nodes "
-            "(the most a cluster has)",
-        )
-    return at(with_ac)
+        ), []
+    if not counts:
+        per_node = micro_step_tokens(workload, instance, 1)
+        return Option(
+            nodes=None, activation_checkpointing=True, memory=None,
+            problem=f"fits from {with_ac} nodes, but no count from {with_ac} to {limit} splits the global batch of "
+            f"{global_batch_tokens:,} tokens into whole micro-batches ({per_node:,} tokens per node: seq "
+            f"{workload.seq_len} x micro-batch {workload.micro_batch_size} x {instance.gpu_count} GPUs); "
+            "--global-batch-tokens a multiple of that x nodes",
+            **base,
+        ), []
+    return at(counts[0]), [at(n) for n in counts]
 
 
-def rank(options: list[Option], by: str) -> list[Option]:
-    """Viable options, cheapest (by="cost") or fastest (by="time") first; the other figure breaks ties."""
-    viable = [o for o in options if o.viable]
-    if by == "cost":
-        return sorted(viable, key=lambda o: (o.cost_usd, o.hours, o.instance_type.name))
-    return sorted(viable, key=lambda o: (o.hours, o.cost_usd, o.instance_type.name))
+def at_nodes(standin: Option, options: list[Option], workload: Workload, nodes: int) -> Option:
+    """The type at exactly `nodes` (--nodes), or why not."""
+    if standin.min_nodes_with_ac is None:
+        return standin
+    by_count = {o.nodes: o for o in options}
+    if nodes in by_count:
+        return by_count[nodes]
+    it = standin.instance_type
+    if nodes < standin.min_nodes_with_ac:
+        memory = memory_at(workload, it, nodes, True, standin.global_batch_tokens)
+        problem = (f"does not fit on {nodes} nodes (needs {standin.min_nodes_with_ac}): "
+                   f"{memory.peak_bytes / 2**30:.1f} GiB per GPU, {memory.usable_bytes / 2**30:.1f} usable")
+    else:
+        memory = None
+        problem = (f"{nodes} nodes do not split the global batch of {standin.global_batch_tokens:,} tokens into "
+                   f"whole micro-batches ({micro_step_tokens(workload, it, nodes):,} tokens per micro-step); "
+                   f"node counts that do: {', '.join(map(str, standin.node_counts)) or 'none'}")
+    return dataclasses.replace(standin, nodes=nodes, memory=memory, problem=problem)
 
 
 def steps_for(workload: Workload, option: Option) -> int:
-    """Optimizer steps that train at least the planned tokens on the option's GPUs."""
-    tokens_per_step = workload.seq_len * workload.micro_batch_size * workload.grad_accum_steps * option.gpus
-    return math.ceil(option.tokens / tokens_per_step)
+    """Optimizer steps that train at least the planned tokens at the option's global batch."""
+    return math.ceil(option.tokens / option.global_batch_tokens)
 
 
 def deploy_context(option: Option) -> list[str]:
@@ -242,6 +304,10 @@ def deploy_context(option: Option) -> list[str]:
 def run_overrides(workload: Workload, option: Option, *, seq_len_given: bool, micro_batch_given: bool) -> list[str]:
     """The `--set` overrides that make the config file run what was planned."""
     overrides = [f"run.steps={steps_for(workload, option)}"]
+    if option.global_batch_tokens != workload.global_batch_tokens:
+        overrides.append(f"run.global_batch_tokens={option.global_batch_tokens}")
+    if workload.grad_accum_steps != 1:  # derived from the global batch, which the trainer refuses beside it
+        overrides.append("run.grad_accum_steps=1")
     if seq_len_given:
         overrides.append(f"run.seq_len={workload.seq_len}")
     if micro_batch_given:
@@ -251,37 +317,3 @@ def run_overrides(workload: Workload, option: Option, *, seq_len_given: bool, mi
     if option.fp8_backend != workload.fp8_backend:
         overrides.append(f"fp8.backend={option.fp8_backend}")
     return overrides
-
-
-def flops_explain(workload: Workload, tokens: float) -> list[str]:
-    cfg = workload.model
-    non_embedding = count_params(cfg, include_embedding=False)
-    per_token = flops_per_token(cfg, workload.seq_len)
-    return [
-        f"  FLOPs per token = 6 x {non_embedding:,} (parameters outside the embedding) + 12 x {cfg.n_layers} "
-        f"layers x {cfg.dim} dim x {workload.seq_len} seq = {per_token:.4g} (training.shapes.flops_per_token, "
-        "the trainer's MFU count)",
-        f"  total = {per_token:.4g} x {tokens:.4g} tokens ({format_tokens(tokens)}) = {per_token * tokens:.4g} FLOPs",
-    ]
-
-
-def time_cost_explain(option: Option) -> list[str]:
-    it = option.instance_type
-    if option.hours is None:
-        return []
-    rate = option.gpus * it.peak_bf16_tflops_per_gpu * 1e12 * option.mfu_effective
-    recompute = " (x 3/4: activation checkpointing recomputes the forward)" if (
-        option.activation_checkpointing and not option.mfu.activation_checkpointing) else ""
-    return [
-        f"  throughput = {option.nodes} nodes x {it.gpu_count} GPUs x {it.peak_bf16_tflops_per_gpu:g} TFLOP/s "
-        f"(dense BF16) x MFU {option.mfu_effective:.3f}{recompute} = {rate:.4g} FLOP/s",
-        f"  time = {option.total_flops:.4g} / {rate:.4g} = {option.hours:,.1f} h "
-        f"({option.hours / HOURS_PER_DAY:.1f} days); GPU-hours = {option.gpus} x {option.hours:,.1f} = "
-        f"{option.gpu_hours:,.0f}",
-        f"  cost = {_group(option)} x {option.hours:,.1f} h x ${it.on_demand_usd_per_hour:,.2f}/h (catalog on-demand, "
-        f"us-east-1) = ${option.cost_usd:,.0f}; per million tokens ${option.usd_per_million_tokens:,.4f}",
-    ]
-
-
-def _group(option: Option) -> str:
-    return f"({option.nodes} + {option.spare_nodes} spare)" if option.spare_nodes else str(option.nodes)

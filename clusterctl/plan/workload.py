@@ -23,7 +23,8 @@ class Workload:
     config: str  # the --config to submit: training/configs/<name>.toml (in the node bundle) or the path given
     seq_len: int  # tokens per sample
     micro_batch_size: int  # samples per GPU per forward/backward
-    grad_accum_steps: int  # micro-batches per optimizer step
+    grad_accum_steps: int  # micro-batches per optimizer step, as the config file has it
+    global_batch_tokens: int  # run.global_batch_tokens: tokens per optimizer step at any node count; 0: unset
     activation_checkpointing: bool  # as the config file has it (the plan may need to change it)
     reshard_after_forward: bool
     fp8_backend: str  # "none", "torchao" or "te", as the config file has it
@@ -58,6 +59,7 @@ def load_workload(model: str, seq_len: int | None = None, micro_batch_size: int 
         seq_len=cfg.run.seq_len,
         micro_batch_size=cfg.run.micro_batch_size,
         grad_accum_steps=cfg.run.grad_accum_steps,
+        global_batch_tokens=cfg.run.global_batch_tokens,
         activation_checkpointing=cfg.parallel.activation_checkpointing,
         reshard_after_forward=cfg.parallel.reshard_after_forward,
         fp8_backend=cfg.fp8.backend,

@@ -109,7 +109,8 @@ def test_when_every_region_fails_the_exit_code_is_the_first_regions(cli, regions
     result = cli("capacity", "offerings", "--nodes", "4", "--hours", "168", "--regions", "ap-south-1,eu-south-2")
     assert result.code == EXIT_ACCESS
     assert result.lines == ["0 offerings of 4 x p5.48xlarge for 168 h in no region (cheapest first); buy one in "
-                            "its region with: clusterctl --region REGION capacity purchase OFFERING"]
+                            "its region with: clusterctl --region REGION capacity purchase OFFERING "
+                            "--instance-type p5.48xlarge --nodes 4 --hours 168"]
     assert len(result.err.splitlines()) == 2
 
 

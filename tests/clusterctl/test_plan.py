@@ -11,7 +11,8 @@ import pytest
 
 import clusterctl.plan.mfu
 from cluster_aws.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from clusterctl.plan.options import parse_tokens, plan_option, training_hours
+from clusterctl.plan.choose import plan_option
+from clusterctl.plan.options import parse_tokens, training_hours
 from clusterctl.plan.workload import load_workload
 from instance_catalog.instance_types import get_instance_type
 from training import shapes
@@ -87,19 +88,27 @@ def test_more_nodes_same_gpu_hours_less_time():
 
 def test_deadline_picks_the_fewest_nodes_that_finish_in_time():
     workload = load_workload("llama3-70b")
-    option = plan_option(workload, P5, 1e12, deadline_days=30)
+    # 240 micro-batches of 8 GPUs x 8192 tokens a step: any node count that divides 240 splits it evenly
+    batch = 240 * 8 * 8192
+    option = plan_option(workload, P5, 1e12, deadline_days=30, global_batch_tokens=batch)
     assert option.viable and option.hours <= 30 * 24
-    # one node fewer misses it: the time is FLOPs over nodes, so nodes = ceil(time on one node / deadline)
-    fewer = plan_option(workload, P5, 1e12, nodes=option.nodes - 1)
-    assert fewer.hours > 30 * 24
+    assert option.node_counts == (3, 4, 5, 6, 8, 10, 12, 15, 16, 20, 24, 30, 40, 48, 60, 80, 120, 240)  # fits from 3
+    # the time is FLOPs over nodes: the fewest that finish = the first count at or above time on one node / deadline
     on_one = training_hours(option.total_flops, P5, 1, option.mfu_effective)
-    assert option.nodes == math.ceil(on_one / (30 * 24))
+    assert option.nodes == min(n for n in option.node_counts if n >= math.ceil(on_one / (30 * 24))) == 80
+    fewer = plan_option(workload, P5, 1e12, nodes=60, global_batch_tokens=batch)
+    assert fewer.hours > 30 * 24
 
 
-def test_a_deadline_beyond_256_nodes_is_not_viable():
-    option = plan_option(load_workload("llama3-70b"), P4D, 15e12, deadline_days=1)
+def test_a_deadline_beyond_the_most_nodes_is_not_viable_and_says_what_limits_them():
+    workload = load_workload("llama3-70b")
+    option = plan_option(workload, P4D, 15e12, deadline_days=1, global_batch_tokens=2**24)
     assert not option.viable and option.problem.startswith("misses the deadline: ")
-    assert "on 256 nodes" in option.problem
+    assert option.problem.endswith(" days on 256 nodes (the most a cluster holds)")
+    # at the default global batch of 4Mi tokens, 64 nodes (512 GPUs x 8192 tokens) are the most that split it
+    option = plan_option(workload, P4D, 15e12, deadline_days=1)
+    assert option.problem.endswith(" days on 64 nodes (the most that split the global batch; --global-batch-tokens "
+                                   "8388608 allows more)")
 
 
 def test_too_few_nodes_does_not_fit_and_says_how_many():
@@ -173,20 +182,29 @@ def test_plan_prints_the_table_ranking_and_the_commands_of_the_cheapest(cli):
                  "p4d.24xlarge,p5.48xlarge")
     assert result.code == EXIT_OK, result.err
     lines = result.lines
-    assert lines[0] == ("plan: llama3-8b (8.03B parameters), 100B tokens, seq 8192 x micro-batch 1 x accumulation 1 "
-                        "per GPU (training/configs/llama3-8b.toml)")
-    assert lines[1].split()[:6] == ["TYPE", "GPUS", "FP8", "FITS", "FROM", "NODES"]
-    p4d_row, p5_row = lines[2].split(), lines[3].split()
-    assert p4d_row[:6] == ["p4d.24xlarge", "8xA100", "40G", "no", "1", "(AC)"]
-    assert p5_row[:7] == ["p5.48xlarge", "8xH100", "80G", "torchao", "1", "(AC),", "2"]
+    assert lines[0] == ("plan: llama3-8b (8.03B parameters), 100B tokens, seq 8192 x micro-batch 1 per GPU "
+                        "(training/configs/llama3-8b.toml)")
+    # 100e9 / 4,194,304 = 23,841.9 -> 23,842 steps
+    assert lines[1].startswith("global batch: 4,194,304 tokens a step at any node count (the default, 4Mi tokens "
+                               "as Llama 2 and 3 trained; --global-batch-tokens changes it): 23,842 steps; ")
+    assert lines[2].split() == ["TYPE", "GPUS", "FP8", "FITS", "FROM", "NODES", "ACCUM", "AC", "GIB/GPU", "MFU",
+                                "MFU", "FROM", "DAYS", "INSTANCES", "FSX", "TOTAL", "$/M", "TOKENS"]
+    p4d_row, p5_row = lines[3].split(), lines[4].split()
+    # the A100 needs activation checkpointing at any count: 16 nodes (4 micro-batches each) is within 1% of the
+    # cheapest (64: FSx for the fewest hours); the H100 runs without it from 2 nodes, at 8 within 1%
+    assert p4d_row[:10] == ["p4d.24xlarge", "8xA100", "40G", "no", "1", "(AC)", "16", "4", "on", "15.3/35.0"]
+    assert p5_row[:11] == ["p5.48xlarge", "8xH100", "80G", "torchao", "1", "(AC),", "2", "without", "8", "8", "off"]
+    assert p5_row[12:] == ["0.40", "assumed", "2.65", "$27,978", "$251", "$28,229", "$0.2823"]
     assert any(line.startswith("MFU H100 fp8 torchao: 0.40 default (no measured figure for llama3-8b on H100 "
                                "with fp8 torchao tensorwise in benchmarks/mfu.json") for line in lines)
-    assert "by cost: p5.48xlarge $37,304, p4d.24xlarge $47,179" in lines
-    assert "chosen (cheapest): p5.48xlarge x 1; check the quota, deploy, then run:" in lines
-    assert "  clusterctl quota --instance-type p5.48xlarge --nodes 1" in lines
-    assert "  npx cdk deploy TrainingClusterStack -c instanceType=p5.48xlarge -c nodeCount=1" in lines
-    # 100e9 tokens / (8192 x 1 x 8 GPUs) = 1,525,878.9 -> 1,525,879 steps; the config already has AC and torchao
-    assert "  clusterctl submit --config training/configs/llama3-8b.toml --nodes 1 --set run.steps=1525879" in lines
+    assert "by cost: p5.48xlarge $28,229, p4d.24xlarge $47,709" in lines
+    assert ("chosen: p5.48xlarge x 8, 2.6 days, $28,229 ($0.28 per million tokens): the cheapest per token of the "
+            "plans that finish within 30 days (costs within 1% count as equal: then the fewest nodes, easier to "
+            "get); check the quota, deploy, then run:") in lines
+    assert "  clusterctl quota --instance-type p5.48xlarge --nodes 8" in lines
+    assert "  npx cdk deploy TrainingClusterStack -c instanceType=p5.48xlarge -c nodeCount=8" in lines
+    assert ("  clusterctl submit --config training/configs/llama3-8b.toml --nodes 8 --set run.steps=23842 "
+            "--set run.global_batch_tokens=4194304 --set parallel.activation_checkpointing=false") in lines
 
 
 def test_the_overrides_make_the_config_run_what_was_planned(cli):
@@ -194,15 +212,16 @@ def test_the_overrides_make_the_config_run_what_was_planned(cli):
                  "--seq-len", "2048", "--micro-batch-size", "2", "--nodes", "8", "--choose", "time")
     assert result.code == EXIT_OK, result.err
     (submit,) = [line for line in result.lines if line.startswith("  clusterctl submit ")]
-    # 10e9 / (2048 x 2 x 64 GPUs) = 38,146.97 -> 38,147 steps; at 8 nodes of A100s it fits without AC (the
-    # config has it on) and runs bf16 (the config says torchao)
-    assert submit == ("  clusterctl submit --config training/configs/llama3-8b.toml --nodes 8 --set run.steps=38147 "
-                      "--set run.seq_len=2048 --set run.micro_batch_size=2 "
+    # 10e9 / 4,194,304 = 2,384.2 -> 2,385 steps; at 8 nodes of A100s it fits without AC (the config has it on)
+    # and runs bf16 (the config says torchao)
+    assert submit == ("  clusterctl submit --config training/configs/llama3-8b.toml --nodes 8 --set run.steps=2385 "
+                      "--set run.global_batch_tokens=4194304 --set run.seq_len=2048 --set run.micro_batch_size=2 "
                       "--set parallel.activation_checkpointing=false --set fp8.backend=none")
 
 
 def test_plan_json_has_every_figure(cli):
-    result = cli("plan", "--model", "1b", "--tokens", "50B", "--instance-types", "p5.48xlarge", "--json")
+    result = cli("plan", "--model", "1b", "--tokens", "50B", "--instance-types", "p5.48xlarge", "--nodes", "1",
+                 "--json")
     assert result.code == EXIT_OK
     report = json.loads(result.out)
     (option,) = report["options"]
@@ -211,6 +230,12 @@ def test_plan_json_has_every_figure(cli):
     assert option["fp8Available"] is True and option["fp8Backend"] == "torchao"
     assert option["mfu"] == 0.4 and option["mfuSource"] == "default"
     assert option["onDemandUsd"] == pytest.approx(2180.0, abs=0.1)
+    # FSx for Lustre, cdk.json's 4,800 GiB at 1000 MB/s/TiB: $0.600 per GB-month over 730 h, for 39.61 h
+    assert option["fsxUsd"] == pytest.approx(4800 * 0.600 / 730 * 39.61, abs=0.1)  # $156.3
+    assert option["totalUsd"] == pytest.approx(option["onDemandUsd"] + option["fsxUsd"], abs=0.02)
+    assert option["gradAccumSteps"] == 32  # 4,194,304 / (4096 x 4 x 8 GPUs)
+    assert report["globalBatchTokens"] == 4_194_304 and report["steps"] == 11_921  # 50e9 / 4,194,304
+    assert report["fsx"]["storageGiB"] == 4800 and report["fsx"]["throughputMBpsPerTiB"] == 1000
     assert option["memoryPerGpu"]["usableGiB"] == 73.0
     assert set(option["memoryPerGpu"]["phases"]) >= {"forward into the loss", "optimizer step"}
     assert report["flopsPerToken"] == ONE_B_FLOPS_PER_TOKEN
@@ -220,7 +245,8 @@ def test_plan_json_has_every_figure(cli):
 
 
 def test_explain_shows_the_memory_flops_time_and_cost_arithmetic(cli):
-    result = cli("plan", "--model", "1b", "--tokens", "50B", "--instance-types", "p5.48xlarge", "--explain")
+    result = cli("plan", "--model", "1b", "--tokens", "50B", "--instance-types", "p5.48xlarge", "--nodes", "1",
+                 "--explain")
     assert result.code == EXIT_OK
     out = result.out
     assert ("  FLOPs per token = 6 x 1,235,814,400 (parameters outside the embedding) + 12 x 16 layers x 2048 dim "
@@ -228,7 +254,8 @@ def test_explain_shows_the_memory_flops_time_and_cost_arithmetic(cli):
     assert "p5.48xlarge at 1 nodes (8 GPUs), activation checkpointing off:" in out
     assert "  usable per GPU: 80 GiB x (1 - 0.05 allocator margin) - 3 GiB runtime reserve = 73.00 GiB" in out
     assert "  throughput = 1 nodes x 8 GPUs x 989 TFLOP/s (dense BF16) x MFU 0.400 = 3.165e+15 FLOP/s" in out
-    assert "  cost = 1 x 39.6 h x $55.04/h (catalog on-demand, us-east-1) = $2,180" in out
+    assert ("  cost = 1 x 39.6 h x $55.04/h (catalog on-demand, us-east-1) = $2,180, + FSx for Lustre 39.6 h x "
+            "$3.95/h = $156: $2,336; per million tokens $0.0467") in out
 
 
 def test_mfu_override_is_said(cli):
@@ -269,15 +296,21 @@ def test_a_training_config_file_is_planned_as_written(cli, tmp_path):
     assert result.code == EXIT_OK, result.err
     report = json.loads(result.out)
     assert report["model"] == "mine" and report["config"] == str(config)
-    assert report["gradAccumSteps"] == 4
-    # it fits without checkpointing: the plan turns it off; 2e9 / (2048 x 2 x 4 x 8) = 15,258.8 -> 15,259
-    assert report["chosen"]["overrides"] == ["run.steps=15259", "parallel.activation_checkpointing=false"]
-    assert report["chosen"]["submit"].startswith(f"clusterctl submit --config {config} --nodes 1 ")
+    # the config accumulates 4 micro-batches: the plan's global batch replaces that (the trainer takes one or the
+    # other); it fits without checkpointing: the plan turns it off; 2e9 / 4,194,304 = 476.8 -> 477 steps
+    assert report["chosen"]["overrides"] == ["run.steps=477", "run.global_batch_tokens=4194304",
+                                             "run.grad_accum_steps=1", "parallel.activation_checkpointing=false"]
+    assert report["chosen"]["submit"].startswith(f"clusterctl submit --config {config} --nodes ")
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--tokens", "lots"], "--tokens='lots': allowed: a number of tokens >= 1, with an optional K, M, B or T "
-                           "suffix (e.g. 1T)"),
+    (["--tokens", "lots"], "--tokens='lots': allowed: a positive count of tokens, e.g. 200B, 1T or 2e11 (suffixes "
+                           "K, M, B, T)"),
+    # argparse took -5B for an option ("expected one argument"); now its check names it
+    (["--tokens", "-5B"], "--tokens='-5B': allowed: a positive count of tokens, e.g. 200B, 1T or 2e11 (suffixes "
+                          "K, M, B, T)"),
+    (["--tokens", "0"], "--tokens='0': allowed: a positive count of tokens, e.g. 200B, 1T or 2e11 (suffixes K, M, "
+                        "B, T)"),
     (["--instance-types", "p5.48xlarge,p9"], "--instance-types='p5.48xlarge,p9': allowed: a comma-separated "
                                              "subset of p4d.24xlarge, p4de.24xlarge, p5.48xlarge, p5e.48xlarge, "
                                              "p5en.48xlarge, p6-b200.48xlarge"),

@@ -3,13 +3,14 @@ capacity (Stubber: moto implements neither Capacity Block offerings/purchase nor
 The Stubber validates every request and response against the real service model."""
 
 import datetime
+import io
 
 import boto3
 import pytest
 from botocore.stub import Stubber
 from fake_aws import capacity_block_offering
 
-from cluster_aws.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from cluster_aws.errors import EXIT_ACCESS, EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 UTC = datetime.UTC
 QUOTA_PARAMS = {"ServiceCode": "ec2", "QuotaCode": "L-417A185B"}
@@ -151,7 +152,9 @@ def test_offerings_are_listed_cheapest_first_with_price(cli, ec2_stub):
         "$32.00",
     ]
     assert second.split()[0] == "cb-0aaaaaaaaaaaaaaa1" and second.split()[-1] == "$40.00"
-    assert hint == "buy one with: clusterctl capacity purchase OFFERING"
+    # the purchase looks the offering up with the same request, to show what it buys
+    assert hint == ("buy one with: clusterctl capacity purchase OFFERING --instance-type p5.48xlarge --nodes 4 "
+                    "--hours 168 --start 2026-12-01T00:00:00Z --end 2026-12-20T12:00:00Z")
 
 
 @pytest.mark.parametrize("hours", ["30", "400", "5000"])
@@ -175,26 +178,58 @@ BLOCK = {
 }
 
 
-def test_purchase_asks_first_and_buys_nothing_without_yes(cli, ec2_stub):
+OFFERING_REQUEST = {"InstanceType": "p5.48xlarge", "InstanceCount": 4, "CapacityDurationHours": 168}
+PURCHASE = ("capacity", "purchase", "cb-0bbbbbbbbbbbbbbb2", "--nodes", "4", "--hours", "168")
+
+
+def expect_offerings(ec2_stub):
+    """The purchase's look-up: the offerings of the same request, the one to buy among them."""
+    ec2_stub.add_response(
+        "describe_capacity_block_offerings",
+        {"CapacityBlockOfferings": [
+            capacity_block_offering("cb-0aaaaaaaaaaaaaaa1", "26880.00", start_day=3),
+            capacity_block_offering("cb-0bbbbbbbbbbbbbbb2", "21504.00", start_day=5, az="us-east-1b"),
+        ]},
+        OFFERING_REQUEST,
+    )
+
+
+def test_purchase_shows_what_it_buys_and_buys_nothing_without_yes(cli, ec2_stub):
+    expect_offerings(ec2_stub)
     cli.reply = "n"
-    result = cli("capacity", "purchase", "cb-0bbbbbbbbbbbbbbb2")
+    result = cli(*PURCHASE)
     assert result.code == EXIT_FAILED and result.out.strip() == "not bought"
-    assert "cb-0bbbbbbbbbbbbbbb2" in cli.answers[0] and "cannot be cancelled" in cli.answers[0]
+    # the instance type and count, the AZ, the start and end, the upfront fee
+    assert cli.answers == [
+        "Buy Capacity Block cb-0bbbbbbbbbbbbbbb2: 4 x p5.48xlarge in us-east-1b, 2026-12-05T11:30:00Z to "
+        "2026-12-12T11:30:00Z (168 h), upfront $21,504.00 USD? The fee is charged now and a purchase cannot be "
+        "cancelled. Type 'yes' to buy: "
+    ]
+
+
+def test_purchase_with_stdin_closed_is_not_bought(cli, ec2_stub, monkeypatch, capsys):
+    expect_offerings(ec2_stub)
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))  # a closed stdin: the real input() meets its end
+    cli._confirm = input  # the Runtime's default prompt
+    result = cli(*PURCHASE)
+    assert (result.code, result.out.strip(), result.err) == (EXIT_FAILED, "not bought", "")
+    assert "Buy Capacity Block cb-0bbbbbbbbbbbbbbb2: 4 x p5.48xlarge" in capsys.readouterr().out  # it was asked
 
 
 @pytest.mark.parametrize("skip_prompt", [False, True])
 def test_purchase_prints_the_deploy_settings(cli, ec2_stub, skip_prompt):
+    expect_offerings(ec2_stub)
     ec2_stub.add_response(
         "purchase_capacity_block",
         {"CapacityReservation": BLOCK},
         {"CapacityBlockOfferingId": "cb-0bbbbbbbbbbbbbbb2", "InstancePlatform": "Linux/UNIX"},
     )
-    result = cli("capacity", "purchase", "cb-0bbbbbbbbbbbbbbb2", *(["--yes"] if skip_prompt else []))
+    result = cli(*PURCHASE, *(["--yes"] if skip_prompt else []))
     assert result.code == EXIT_OK, result.err
     assert len(cli.answers) == (0 if skip_prompt else 1)
     assert result.lines[0] == (
         "bought cr-0123456789abcdef0: 4 x p5.48xlarge in us-east-1b, 2026-12-05T11:30:00Z "
-        "to 2026-12-12T11:30:00Z (scheduled)"
+        "to 2026-12-12T11:30:00Z (scheduled), upfront $21,504.00 USD"
     )
     assert result.lines[2] == (
         "  npx cdk deploy TrainingClusterStack -c region=us-east-1 -c availabilityZone=us-east-1b "
@@ -204,9 +239,38 @@ def test_purchase_prints_the_deploy_settings(cli, ec2_stub, skip_prompt):
     )
 
 
-def test_purchase_rejects_a_malformed_offering_id(cli, ec2_stub):
-    result = cli("capacity", "purchase", "cr-123", "--yes")
-    assert result.code == EXIT_USAGE and "expected cb-..." in result.err
+def test_a_purchase_the_operator_policy_alone_refuses_names_the_purchaser_policy(cli, ec2_stub):
+    expect_offerings(ec2_stub)
+    ec2_stub.add_client_error("purchase_capacity_block", "UnauthorizedOperation", "You are not authorized",
+                              expected_params={"CapacityBlockOfferingId": "cb-0bbbbbbbbbbbbbbb2",
+                                               "InstancePlatform": "Linux/UNIX"})
+    result = cli(*PURCHASE, "--yes")
+    assert result.code == EXIT_ACCESS
+    assert result.err == (
+        "clusterctl: error: access denied: PurchaseCapacityBlock: You are not authorized (attach the stack's "
+        "capacity purchaser policy, the CapacityPurchaser Policy resource (stack output CapacityPurchaserPolicyArn), "
+        "to your role)\n")
+
+
+@pytest.mark.parametrize("offering_id", ["cr-123", "cb-123", "cb-0bbbbbbbbbbbbbbb2; rm", "CB-0BBBBBBBBBBBBBBB2"])
+def test_purchase_rejects_a_malformed_offering_id_before_any_call(cli, ec2_stub, offering_id):
+    # the Stubber fails any call it was not told to expect: the id is checked first, with or without --yes
+    for yes in ([], ["--yes"]):
+        result = cli("capacity", "purchase", offering_id, "--nodes", "4", "--hours", "168", *yes)
+        assert result.code == EXIT_USAGE
+        assert result.err == (f"clusterctl: error: offering id {offering_id!r}: expected cb-... (cb- and 17 letters "
+                              "or digits) from `clusterctl capacity offerings`\n")
+    assert cli.answers == []
+
+
+def test_purchase_of_an_offering_no_longer_listed_buys_nothing(cli, ec2_stub):
+    ec2_stub.add_response("describe_capacity_block_offerings",
+                          {"CapacityBlockOfferings": [capacity_block_offering("cb-0aaaaaaaaaaaaaaa1", "26880.00")]},
+                          OFFERING_REQUEST)
+    result = cli(*PURCHASE, "--yes")
+    assert result.code == EXIT_FAILED and cli.answers == []
+    assert result.err.startswith("clusterctl: error: offering cb-0bbbbbbbbbbbbbbb2: not among the Capacity Block "
+                                 "offerings for 4 x p5.48xlarge for 168 h in us-east-1 now ")
 
 
 def test_capacity_list_shows_blocks_and_odcrs(cli, ec2_stub):

@@ -51,9 +51,9 @@ def test_nodes_counts_the_group_and_names_the_spares(cli, moto_aws, fakes):
 
 def test_plan_prices_and_deploys_the_spares(cli):
     plain = json.loads(cli("plan", "--model", "1b", "--tokens", "50B", "--instance-types", "p5.48xlarge",
-                           "--json").out)
+                           "--nodes", "1", "--json").out)
     spared = json.loads(cli("plan", "--model", "1b", "--tokens", "50B", "--instance-types", "p5.48xlarge",
-                            "--spare-nodes", "1", "--json").out)
+                            "--nodes", "1", "--spare-nodes", "1", "--json").out)
     (one,), (two,) = plain["options"], spared["options"]
     assert (one["nodes"], one["spareNodes"], two["nodes"], two["spareNodes"]) == (1, 0, 1, 1)
     assert two["hours"] == one["hours"]  # the spare does not train
@@ -61,7 +61,7 @@ def test_plan_prices_and_deploys_the_spares(cli):
     assert spared["chosen"]["deploy"].endswith("-c nodeCount=1 -c spareNodes=1")
     assert spared["chosen"]["quota"] == "clusterctl quota --instance-type p5.48xlarge --nodes 2"
     explained = cli("plan", "--model", "1b", "--tokens", "50B", "--instance-types", "p5.48xlarge",
-                    "--spare-nodes", "1", "--explain").out
+                    "--nodes", "1", "--spare-nodes", "1", "--explain").out
     assert "  cost = (1 + 1 spare) x " in explained
 
 

@@ -1,0 +1,149 @@
+"""`clusterctl plan`'s answer for people: the step it assumes, one row per instance type at the node count put
+forward (clusterctl.plan.choose), where each figure comes from, the rankings, the choice and why, and the commands
+that act on it."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from clusterctl.plan import memory
+from clusterctl.plan import options as plan
+from clusterctl.plan.choose import COST_TIE_FRACTION, limit_reason
+from clusterctl.plan.explain import flops_explain, time_cost_explain
+from clusterctl.plan.fsx_cost import FsxCost
+from clusterctl.plan.workload import Workload
+from clusterctl.render import format_table
+from training.shapes import count_params
+
+GIB = memory.GIB
+MFU_FROM = {"measured": "measured", "default": "assumed", "--mfu": "--mfu"}
+
+
+@dataclass(frozen=True)
+class PlanView:
+    args: argparse.Namespace
+    workload: Workload
+    tokens: float
+    global_batch_tokens: int
+    fsx: FsxCost | None
+    options: list[plan.Option]
+    by_cost: list[plan.Option]
+    by_time: list[plan.Option]
+    commands: dict[str, Any] | None
+
+    @property
+    def horizon_applies(self) -> bool:
+        return self.args.choose == "cost" and self.args.nodes is None and self.args.deadline_days is None
+
+
+def lines(view: PlanView) -> list[str]:
+    args, workload, tokens = view.args, view.workload, view.tokens
+    params = count_params(workload.model)
+    out = [
+        f"plan: {workload.name} ({params / 1e9:.2f}B parameters), {plan.format_tokens(tokens)} tokens, seq "
+        f"{workload.seq_len} x micro-batch {workload.micro_batch_size} per GPU ({workload.config})",
+        f"global batch: {view.global_batch_tokens:,} tokens a step at any node count ({_batch_source(view)}): "
+        f"{math.ceil(tokens / view.global_batch_tokens):,} steps; gradient accumulation = global batch / (seq x "
+        "micro-batch x GPUs), so only node counts that split it evenly are planned",
+        format_table(
+            ("TYPE", "GPUS", "FP8", "FITS FROM", "NODES", "ACCUM", "AC", "GIB/GPU", "MFU", "MFU FROM", "DAYS",
+             "INSTANCES", "FSX", "TOTAL", "$/M TOKENS"),
+            [_row(o) for o in view.options]),
+    ]
+    out += [f"{o.instance_type.name}: {o.problem}" for o in view.options if o.problem]
+    out += [f"{o.instance_type.name}: {o.days:,.1f} days even at {o.nodes} nodes ({limit_reason(o)})"
+            for o in view.options if o.viable and not o.within_horizon]
+    out += list(dict.fromkeys(f"MFU {o.instance_type.gpu_model} fp8 {o.fp8_backend}: {o.mfu.detail}"
+                              for o in view.options))
+    out.append(view.fsx.describe() if view.fsx else "FSx for Lustre: not counted (no cdk.json beside clusterctl)")
+    if args.explain:
+        out.append("arithmetic:")
+        out += flops_explain(workload, tokens)
+        for o in view.options:
+            out.append(f"{o.instance_type.name} at {o.nodes or plan.MAX_NODES} nodes "
+                       f"({(o.nodes or plan.MAX_NODES) * o.instance_type.gpu_count} GPUs), activation "
+                       f"checkpointing {'on' if o.activation_checkpointing else 'off'}:")
+            if o.memory is not None:
+                out += memory.explain(o.memory)
+            out += time_cost_explain(o)
+    if not view.by_cost:
+        out.append("no instance type fits: try a shorter --seq-len, --micro-batch-size 1, or a later deadline")
+        return out
+    out.append("by cost: " + ", ".join(f"{o.instance_type.name} ${o.cost_usd:,.0f}" for o in view.by_cost))
+    out.append("by time: " + ", ".join(f"{o.instance_type.name} {o.days:,.1f} days" for o in view.by_time))
+    chosen = (view.by_cost if args.choose == "cost" else view.by_time)[0]
+    if view.horizon_applies and not chosen.within_horizon:
+        out.append(f"warning: no plan finishes within {args.horizon_days:g} days: each type is shown at its fastest "
+                   "count; --horizon-days allows longer")
+    out.append(f"chosen: {chosen.instance_type.name} x {chosen.nodes}, {chosen.days:,.1f} days, "
+               f"${chosen.cost_usd:,.0f} (${chosen.usd_per_million_tokens:,.2f} per million tokens): {_why(view)}; "
+               "check the quota, deploy, then run:")
+    commands = view.commands or {}
+    out += [f"  {commands['quota']}", f"  {commands['deploy']}", f"  {commands['submit']}"]
+    out.append("estimates: on-demand us-east-1 list prices from the instance catalog; time at the MFU above, with "
+               "ideal scaling and no restarts, checkpoint stalls or waiting for capacity. A Capacity Block is priced "
+               "by its fee: clusterctl capacity offerings --regions ...")
+    return out
+
+
+def _batch_source(view: PlanView) -> str:
+    if view.args.global_batch_tokens:
+        return "--global-batch-tokens"
+    if view.workload.global_batch_tokens:
+        return f"run.global_batch_tokens in {view.workload.config}"
+    return (f"the default, {plan.DEFAULT_GLOBAL_BATCH_TOKENS / 2**20:g}Mi tokens as Llama 2 and 3 trained; "
+            "--global-batch-tokens changes it")
+
+
+def _why(view: PlanView) -> str:
+    args = view.args
+    if args.nodes is not None:
+        return f"the cheapest type at --nodes {args.nodes}" if args.choose == "cost" else \
+            f"the fastest type at --nodes {args.nodes}"
+    if args.deadline_days is not None:
+        return (f"each type at the fewest nodes that finish within {args.deadline_days:g} days, then the "
+                + ("cheapest" if args.choose == "cost" else "fastest"))
+    if args.choose == "time":
+        return "the fastest type, each at its fastest node count within the cluster's limit"
+    return (f"the cheapest per token of the plans that finish within {args.horizon_days:g} days (costs within "
+            f"{COST_TIE_FRACTION:.0%} count as equal: then the fewest nodes, easier to get)")
+
+
+def _row(o: plan.Option) -> tuple[object, ...]:
+    it = o.instance_type
+    without, with_ac = o.min_nodes_without_ac, o.min_nodes_with_ac
+    if with_ac is None:
+        fits = "-"
+    elif without == with_ac:
+        fits = str(without)
+    else:
+        fits = f"{with_ac} (AC)" + (f", {without} without" if without is not None else "")
+    fp8 = o.fp8_backend if it.supports_fp8 and o.fp8_backend != "none" else ("available" if it.supports_fp8 else "no")
+    mem = o.memory
+    days = _fmt(o.days, ",.1f" if (o.days or 0) >= 10 else ".2f")
+    if o.hours is not None and not o.within_horizon:
+        days += f" (>{o.horizon_days:g})"
+    return (
+        it.name,
+        f"{it.gpu_count}x{it.gpu_model} {it.gpu_memory_gib}G",
+        fp8,
+        fits,
+        o.nodes if o.nodes else "-",
+        o.grad_accum_steps if o.viable else "-",
+        "on" if o.activation_checkpointing else "off",
+        "-" if mem is None else f"{mem.peak_bytes / GIB:.1f}/{mem.usable_bytes / GIB:.1f}",
+        f"{o.mfu_effective:.2f}",
+        MFU_FROM.get(o.mfu.source, o.mfu.source),
+        days,
+        _fmt(o.instances_usd, ",.0f", "$"),
+        _fmt(o.fsx_usd, ",.0f", "$"),
+        _fmt(o.cost_usd, ",.0f", "$"),
+        _fmt(o.usd_per_million_tokens, ",.2f" if (o.usd_per_million_tokens or 0) >= 1 else ".4f", "$"),
+    )
+
+
+def _fmt(value: float | None, spec: str, prefix: str = "") -> str:
+    return "-" if value is None else f"{prefix}{value:{spec}}"
