@@ -38,11 +38,13 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 
 # For the nodes' platform, not this machine's: x86_64 Linux (every P instance type of the catalog) and the DLAMI
 # PyTorch environment's CPython 3.12 (abi3 wheels fit it too). pip checks every file against the lock's hashes.
+# manylinux2014 (glibc 2.17, safetensors' wheel): this pip does not count it under manylinux_2_28.
 # Wheels you built yourself (Transformer Engine's PyTorch extension: README, "FP8 on the nodes") go in wheels/.
 $(WHEELHOUSE)/.fetched: $(NODE_LOCK) $(VENV)/.installed $(wildcard $(LOCAL_WHEELS)/*.whl)
 	rm -rf $(WHEELHOUSE)
 	$(BIN)/python -m pip download --quiet --disable-pip-version-check --no-deps --require-hashes \
-		--only-binary=:all: --platform manylinux_2_28_x86_64 --platform linux_x86_64 --implementation cp \
+		--only-binary=:all: --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform linux_x86_64 \
+		--implementation cp \
 		--python-version 3.12 $(if $(wildcard $(LOCAL_WHEELS)/*.whl),--find-links $(LOCAL_WHEELS)) \
 		--dest $(WHEELHOUSE) -r $(NODE_LOCK)
 	touch $@

@@ -1,10 +1,10 @@
 """ClusterDashboard: one CloudWatch dashboard per cluster, the graphs an operator opens first.
 
 Per node (GPU utilization, memory, temperature, power, SM clock, EFA throughput, host CPU and memory, disk),
-for the running job (tokens/s, MFU, loss, step time spread, straggler ratio), for FSx for Lustre (throughput,
-free space) and the cluster's estimated cost. Nodes and jobs come and go, so those graphs are SEARCH
-expressions over one exact dimension schema each, pinned to this cluster's Auto Scaling group or stack name
-(cluster_spec/metrics.py names every metric and who produces it). Labels use the dimension
+for the running job (tokens/s, MFU, loss, the held-out loss and perplexity, step time spread, straggler ratio),
+for FSx for Lustre (throughput, free space) and the cluster's estimated cost. Nodes and jobs come and go, so
+those graphs are SEARCH expressions over one exact dimension schema each, pinned to this cluster's Auto Scaling
+group or stack name (cluster_spec/metrics.py names every metric and who produces it). Labels use the dimension
 values (`${PROP('Dim.InstanceId')}`, CloudWatch dynamic labels).
 """
 
@@ -66,9 +66,10 @@ class ClusterDashboard(Construct):
         )
         self.dashboard.add_widgets(self._efa_throughput(), self._efa_errors())
         self.dashboard.add_widgets(
-            self._job_graph("Tokens per second (job)", cm.TOKENS_PER_SECOND, "Average"),
-            self._job_graph("MFU (% of dense BF16 peak)", cm.MFU, "Average"),
-            self._job_graph("Loss", cm.LOSS, "Average"),
+            self._job_graph("Tokens per second (job)", cm.TOKENS_PER_SECOND, "Average", width=6),
+            self._job_graph("MFU (% of dense BF16 peak)", cm.MFU, "Average", width=6),
+            self._job_graph("Loss", cm.LOSS, "Average", width=6),
+            self._validation(),
         )
         self.dashboard.add_widgets(self._step_time_spread(), self._stragglers())
         self.dashboard.add_widgets(
@@ -126,6 +127,18 @@ class ClusterDashboard(Construct):
                               statistic, JOB_LABEL)
         return cloudwatch.GraphWidget(title=title, left=[series], width=width, height=6,
                                       left_y_axis=cloudwatch.YAxisProps(show_units=False))
+
+    def _validation(self) -> cloudwatch.GraphWidget:
+        # one datapoint per evaluation ([validation] interval_steps), not one per logged step
+        loss, perplexity = (
+            self._search(cm.TRAINING_NAMESPACE, (cm.CLUSTER, cm.JOB), name, {cm.CLUSTER: self.cluster_name},
+                         "Average", f"{JOB_LABEL} {what}")
+            for name, what in ((cm.VALIDATION_LOSS, "held-out loss"), (cm.VALIDATION_PERPLEXITY, "perplexity (right)"))
+        )
+        return cloudwatch.GraphWidget(title="Validation loss (held-out) and perplexity", left=[loss],
+                                      right=[perplexity], width=6, height=6,
+                                      left_y_axis=cloudwatch.YAxisProps(show_units=False),
+                                      right_y_axis=cloudwatch.YAxisProps(min=1, show_units=False))
 
     def _efa_throughput(self) -> cloudwatch.GraphWidget:
         # per-interval byte deltas: Sum over the period x 8 / 1e9 / period = Gbit/s

@@ -34,6 +34,9 @@ class NodeJobState:
     attempt: int | None = None  # the job keeper's attempt number the node runs (1 before any restart)
     resumed_from_step: int | None = None  # the checkpoint step the trainer resumed from (0: fresh)
     resumed_from_tier: str | None = None  # its tier: "local" or "durable"; None: fresh, or not reported
+    # the newest held-out loss ([validation]) rank 0 logged on this node, and the step it was evaluated after
+    last_val_loss: float | None = None
+    last_val_step: int | None = None
 
     @classmethod
     def from_invocation(cls, invocation: Invocation) -> NodeJobState:
@@ -57,6 +60,8 @@ class NodeJobState:
                 attempt=payload.get("attempt"),
                 resumed_from_step=payload.get("resumedFromStep"),
                 resumed_from_tier=payload.get("resumedFromTier"),
+                last_val_loss=payload.get("lastValLoss"),
+                last_val_step=payload.get("lastValStep"),
             )
         if invocation.response_code == node_jobs.EXIT_NOT_FOUND:
             return cls(invocation.instance_id, "not-found", None, None, None, None, None, invocation.error)

@@ -68,6 +68,8 @@ STEP_TIME_MEDIAN = "StepTimeMedian"
 STEP_TIME_MIN = "StepTimeMin"
 STRAGGLER_RATIO = "StragglerRatio"  # slowest rank's step time / the median rank's
 SLOWEST_RANK = "SlowestRank"
+VALIDATION_LOSS = "ValidationLoss"  # the held-out loss ([validation]), at the steps that evaluated it
+VALIDATION_PERPLEXITY = "ValidationPerplexity"  # exp(ValidationLoss)
 
 # AWS
 GROUP_IN_SERVICE = "GroupInServiceInstances"

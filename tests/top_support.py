@@ -73,7 +73,9 @@ def efa_data(tmp_path, instance_id: str, at: datetime.datetime, tx_bytes: int, e
     return [d for line in collector.sample() for d in extracted_metrics(parse_emf_line(line))]
 
 
-def trainer_data(monkeypatch, at: datetime.datetime, job_id: str = JOB) -> list[dict]:
+def trainer_data(monkeypatch, at: datetime.datetime, job_id: str = JOB, validation=None) -> list[dict]:
+    """Rank 0's EMF step record at step 40 of 100, as CloudWatch extracts it; ``validation``: a
+    training.validation.ValidationResult evaluated after that step."""
     monkeypatch.setenv("CLUSTER_STACK_NAME", STACK)
     monkeypatch.setenv("CLUSTER_JOB_ID", job_id)
     monkeypatch.setattr("training.metrics.time.time", lambda: at.timestamp())
@@ -83,7 +85,7 @@ def trainer_data(monkeypatch, at: datetime.datetime, job_id: str = JOB) -> list[
     metrics = MetricsLogger(MetricsConfig(nvml=False), rank=0, world_size=1, device=torch.device("cpu"),
                             model=model, stdout=io.StringIO(), stderr=err)
     metrics.log_step(step=40, total_steps=100, loss=torch.tensor(2.25), lr=3e-4, grad_norm=torch.tensor(1.0),
-                     step_time_s=2.0)
+                     step_time_s=2.0, validation=validation)
     lines = [line for line in err.getvalue().splitlines() if line.startswith('{"_aws"')]
     return [d for line in lines for d in extracted_metrics(parse_emf_line(line))]
 

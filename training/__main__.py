@@ -25,7 +25,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m training",
         description="Train a Llama-style decoder with FSDP2 (run it under torchrun for several processes). "
-        "Per-step metrics go to rank 0's stdout as JSON lines, a progress line and logs to stderr.",
+        "Per-step metrics go to rank 0's stdout as JSON lines, a progress line and logs to stderr. "
+        "Start from a Hugging Face Llama directory with --set init.hf_dir=DIR (its config.json gives the shape), "
+        "write one at the end with --set export.hf_dir=DIR, or any time with python -m training.export "
+        "(docs/weights.md).",
     )
     parser.add_argument(
         "--config", metavar="TOML",

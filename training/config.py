@@ -26,7 +26,9 @@ from training.config_sections import (
     ModelConfig,
     OptimConfig,
     ParallelConfig,
+    ValidationConfig,
 )
+from training.config_weights import ExportConfig, InitConfig
 from training.errors import ConfigError
 
 CONFIGS_DIR = Path(__file__).parent / "configs"
@@ -41,7 +43,10 @@ class RunConfig:
     steps: int = 200  # optimizer steps in the whole run (a resumed run continues up to this)
     seq_len: int = 128  # tokens per sample
     micro_batch_size: int = 8  # samples per rank per forward/backward
-    grad_accum_steps: int = 1  # micro-batches accumulated per optimizer step
+    grad_accum_steps: int = 1  # micro-batches accumulated per optimizer step (when global_batch_tokens is 0)
+    # tokens per optimizer step across all ranks (torchtitan's global_batch_size, in tokens): the accumulation is
+    # then derived from the world size, so a job means the same step on 2 nodes or 64; 0: grad_accum_steps as set
+    global_batch_tokens: int = 0
     log_interval_steps: int = 10  # emit metrics every this many optimizer steps (and at the first and last)
 
     def validate(self) -> None:
@@ -51,10 +56,32 @@ class RunConfig:
                 raise ConfigError(f"run.{name}={value!r}: allowed: an integer >= 1")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
             raise ConfigError(f"run.seed={self.seed!r}: allowed: an integer in [0, 2**63)")
+        batch = self.global_batch_tokens
+        per_sample_step = self.seq_len * self.micro_batch_size
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 0 or batch % per_sample_step:
+            raise ConfigError(f"run.global_batch_tokens={batch!r}: allowed: 0 (off) or a multiple of seq_len x "
+                              f"micro_batch_size = {per_sample_step}")
+        if batch and self.grad_accum_steps != 1:
+            raise ConfigError(f"run.grad_accum_steps={self.grad_accum_steps}: derived from run.global_batch_tokens="
+                              f"{batch} when that is set; allowed: 1 (leave it out)")
+
+    def accumulation_steps(self, dp_world_size: int) -> int:
+        """Micro-batches per rank per optimizer step: global_batch_tokens / (seq_len x micro_batch_size x ranks)
+        when it is set, else grad_accum_steps. A global batch the ranks cannot split evenly is refused."""
+        if not self.global_batch_tokens:
+            return self.grad_accum_steps
+        per_micro_step = self.seq_len * self.micro_batch_size * dp_world_size
+        if self.global_batch_tokens % per_micro_step:
+            raise ConfigError(
+                f"run.global_batch_tokens={self.global_batch_tokens}: not a whole number of micro-batches on "
+                f"{dp_world_size} ranks (seq_len {self.seq_len} x micro_batch_size {self.micro_batch_size} x "
+                f"{dp_world_size} = {per_micro_step} tokens each); allowed: a multiple of {per_micro_step}"
+            )
+        return self.global_batch_tokens // per_micro_step
 
     def tokens_per_step(self, dp_world_size: int) -> int:
         """Tokens consumed by one optimizer step across all data-parallel ranks."""
-        return self.seq_len * self.micro_batch_size * self.grad_accum_steps * dp_world_size
+        return self.seq_len * self.micro_batch_size * self.accumulation_steps(dp_world_size) * dp_world_size
 
 
 @dataclass
@@ -69,6 +96,9 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
+    init: InitConfig = field(default_factory=InitConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
 
     def validate(self) -> None:
         for section in dataclasses.fields(self):
@@ -80,6 +110,12 @@ class TrainConfig:
             raise ConfigError(
                 "parallel.compile=True: not allowed with fp8.backend='te'; set parallel.compile=false, or "
                 "use fp8.backend='torchao' to compile with FP8"
+            )
+        if self.export.hf_dir and not (self.checkpoint.dir and self.checkpoint.save_final):
+            # the export reads the final checkpoint from disk, tensor by tensor (training.hf.export)
+            raise ConfigError(
+                f"export.hf_dir={self.export.hf_dir!r}: needs checkpoint.dir set and checkpoint.save_final=true "
+                "(the export reads the final checkpoint)"
             )
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
@@ -123,6 +159,7 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Train
         }
     for section, values in parse_overrides(overrides).items():
         tables.setdefault(section, {}).update(values)
+    _refuse_shape_beside_hf_init(tables)
     _fill_model_preset(tables.setdefault("model", {}))
     cfg = TrainConfig(**{section: SECTIONS[section](**tables.get(section, {})) for section in SECTIONS})
     cfg.validate()
@@ -249,6 +286,20 @@ def _describe(tp: Any) -> str:
         return f"a list [{', '.join(_describe(a) for a in args)}]"
     names = {bool: "true or false", int: "an integer", float: "a number", str: "a string", type(None): "none"}
     return names.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _refuse_shape_beside_hf_init(tables: dict[str, dict[str, Any]]) -> None:
+    """With init.hf_dir the shape is its config.json's (training.hf.config, read when the run starts, where
+    the directory is): a shape field given as well would be ignored or contradict it, so it is refused here.
+    model.preset stays allowed: the run checks config.json against the preset's shape."""
+    if not tables.get("init", {}).get("hf_dir"):
+        return
+    given = [key for key in tables.get("model", {}) if key not in ("preset", "init_std")]
+    if given:
+        raise ConfigError(
+            f"model.{given[0]}: not allowed with init.hf_dir (the model's shape comes from its config.json); "
+            "allowed: model.preset, which the run checks against config.json"
+        )
 
 
 def _fill_model_preset(model_table: dict[str, Any]) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
@@ -23,11 +22,11 @@ SOURCES = ("synthetic", "shards")
 BACKENDS = ("none", "torchao", "te")
 TORCHAO_RECIPES = ("tensorwise", "rowwise")
 TE_RECIPES = ("delayed", "current")
+ROPE_SCALINGS = ("", "llama3")  # [model] rope_scaling
 # [parallel]: the dtypes FSDP2's MixedPrecisionPolicy may use (training.parallelize maps them to torch dtypes)
 DTYPE_NAMES = ("bfloat16", "float32")
 DEFAULT_INIT_TIMEOUT_S = 600  # [parallel] process-group timeout until the first step: torch's own NCCL default
-# [metrics]: one CloudWatch dimension, Name=Value; when to write EMF step records
-_DIMENSION = re.compile(r"^[^=,]+=[^=,]+$")
+# [metrics]: when to write EMF step records
 EMF_MODES = ("auto", "on", "off")
 # [checkpoint]: where an asynchronous save copies the state (training/checkpoint/staging.py)
 STAGING_MODES = ("auto", "pinned", "pageable", "inline")
@@ -84,6 +83,15 @@ class ModelConfig:
     rope_theta: float = 10000.0  # RoPE base frequency
     norm_eps: float = 1e-5  # RMSNorm epsilon
     init_std: float = 0.02  # std of the normal init of the linear layers (torchtitan's default)
+    # The output head shares the token embedding's weight (Hugging Face's tie_word_embeddings: Llama 3.2 1B/3B)
+    tie_embeddings: bool = False
+    # RoPE frequency scaling: "" (none) or "llama3" (Llama 3.1 and later: low frequencies divided by
+    # rope_scaling_factor, high ones kept, a smooth blend between; transformers' _compute_llama3_parameters)
+    rope_scaling: str = ""
+    rope_scaling_factor: float = 8.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_positions: int = 8192  # the context length the model was pre-trained at
 
     @property
     def head_dim(self) -> int:
@@ -117,6 +125,21 @@ class ModelConfig:
                 or not (math.isfinite(value) and value > 0)
             ):
                 raise ConfigError(f"model.{name}={value!r}: allowed: a finite number > 0")
+        if not isinstance(self.tie_embeddings, bool):
+            raise ConfigError(f"model.tie_embeddings={self.tie_embeddings!r}: allowed: true, false")
+        if self.rope_scaling not in ROPE_SCALINGS:
+            raise ConfigError(f"model.rope_scaling={self.rope_scaling!r}: allowed: '' (none), 'llama3'")
+        for name in ("rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not (
+                    math.isfinite(value) and value > 0):
+                raise ConfigError(f"model.{name}={value!r}: allowed: a finite number > 0")
+        if self.rope_high_freq_factor <= self.rope_low_freq_factor:
+            raise ConfigError(f"model.rope_high_freq_factor={self.rope_high_freq_factor!r}: allowed: a number > "
+                              f"model.rope_low_freq_factor ({self.rope_low_freq_factor})")
+        if not _is_int(self.rope_original_max_positions) or self.rope_original_max_positions < 1:
+            raise ConfigError(f"model.rope_original_max_positions={self.rope_original_max_positions!r}: allowed: "
+                              "an integer >= 1")
 
 
 SHAPE_FIELDS = tuple(f.name for f in fields(ModelConfig) if f.name != "preset")
@@ -226,6 +249,33 @@ class DataConfig:
                 raise ConfigError(f"data.{name}={getattr(self, name)!r}: allowed: true, false")
 
 @dataclass
+class ValidationConfig:
+    """The ``[validation]`` section: a held-out loss (training/validation.py). Off while ``path`` is ""."""
+
+    path: str = ""  # held-out shard directory (index.json, docs/data-format.md); "" = no validation
+    # Evaluate after every this many optimizer steps and after the last one; required (>= 1) with a path.
+    interval_steps: int = 0
+    # Micro-batches (run.micro_batch_size x run.seq_len) each data-parallel rank evaluates, the same ones at
+    # every evaluation: batches x micro_batch_size x ranks held-out windows in all; required (>= 1) with a path.
+    batches: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.path)
+
+    def validate(self) -> None:
+        if not isinstance(self.path, str):
+            raise ConfigError(f"validation.path={self.path!r}: allowed: a shard directory, or '' for none")
+        for name in ("interval_steps", "batches"):
+            value = getattr(self, name)
+            if not _is_int_at_least(value, minimum=1 if self.enabled else 0):
+                raise ConfigError(f"validation.{name}={value!r}: allowed: an integer >= 1 (with validation.path "
+                                  "set)")
+            if not self.enabled and value:
+                raise ConfigError(f"validation.path='': allowed: a held-out shard directory (with index.json) "
+                                  f"when validation.{name} is set ({value!r})")
+
+@dataclass
 class OptimConfig:
     """The ``[optim]`` section."""
 
@@ -315,11 +365,10 @@ class MetricsConfig:
     json_lines: bool = True
     progress: bool = True  # a short human-readable progress line per logged step on rank 0's stderr
     nvml: bool = True  # add GPU utilization, temperature, power and clocks through NVML when available
-    cloudwatch: bool = False  # publish step metrics from rank 0 with CloudWatch PutMetricData (needs boto3)
-    cloudwatch_namespace: str = "TrainingCluster"  # CloudWatch metric namespace
-    cloudwatch_dimensions: str = ""  # "Name=Value,Name=Value" added to every metric, e.g. "Job=llama-1b"
-    cloudwatch_region: str = ""  # AWS region for CloudWatch; "" = the default boto3 chain (AWS_REGION, ...)
-    cloudwatch_flush_steps: int = 10  # logged steps buffered per PutMetricData call (fewer API calls)
+    # Refused when true: publishing with PutMetricData from the job needed the node role's credentials, and
+    # jobs no longer get them (docs/security.md). The EMF lines below reach CloudWatch through the agent.
+    cloudwatch: bool = False
+    cloudwatch_namespace: str = "TrainingCluster"  # CloudWatch metric namespace of the EMF lines
     # "auto": a CloudWatch EMF line per logged step on rank 0's stderr when running as a cluster job
     # (CLUSTER_JOB_ID set by the job supervisor); "on" / "off" force it. Namespace: cloudwatch_namespace.
     emf: str = "auto"
@@ -327,28 +376,18 @@ class MetricsConfig:
     def validate(self) -> None:
         if self.emf not in EMF_MODES:
             raise ConfigError(f"metrics.emf={self.emf!r}: allowed: {', '.join(EMF_MODES)}")
+        if self.cloudwatch:
+            raise ConfigError(
+                "metrics.cloudwatch=true: allowed: false. Jobs have no AWS credentials (docs/security.md); step "
+                "metrics reach CloudWatch as EMF lines the nodes' CloudWatch agent ships: metrics.emf='auto' "
+                "(the default: on in cluster jobs) or 'on'"
+            )
         if not self.cloudwatch_namespace or self.cloudwatch_namespace.startswith("AWS/"):
             raise ConfigError(
                 f"metrics.cloudwatch_namespace={self.cloudwatch_namespace!r}: allowed: a non-empty name "
                 "not starting with 'AWS/'"
             )
-        dims = [d.strip() for d in self.cloudwatch_dimensions.split(",") if d.strip()]
-        if any(not _DIMENSION.fullmatch(d) for d in dims) or len(dims) > 30:
-            raise ConfigError(
-                f"metrics.cloudwatch_dimensions={self.cloudwatch_dimensions!r}: allowed: up to 30 "
-                "comma-separated Name=Value pairs, e.g. 'Job=llama-1b,Cluster=p5'"
-            )
-        flush = self.cloudwatch_flush_steps
-        if isinstance(flush, bool) or not isinstance(flush, int) or not 1 <= flush <= 100:
-            raise ConfigError(
-                f"metrics.cloudwatch_flush_steps={self.cloudwatch_flush_steps!r}: allowed: an integer 1..100"
-            )
 
     def emf_enabled(self, environ: Mapping[str, str] | None = None) -> bool:
         environ = os.environ if environ is None else environ
         return self.emf == "on" or (self.emf == "auto" and bool(environ.get(JOB_ID_ENV)))
-
-    def dimensions(self) -> list[dict[str, str]]:
-        """The configured dimensions in PutMetricData's shape."""
-        pairs = [d.strip().split("=", 1) for d in self.cloudwatch_dimensions.split(",") if d.strip()]
-        return [{"Name": k.strip(), "Value": v.strip()} for k, v in pairs]

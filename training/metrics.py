@@ -3,7 +3,9 @@
 The JSON line is the trainer's progress contract with the jobs launcher (docs/architecture.md, "Jobs"):
 ``{"event": "step", "step": N, "loss": L, ...}``; N counts completed optimizer steps (1-based). Local rank 0
 of every other node prints a short ``{"event": "step", "step": N, "rank": R}`` at the same steps, so the job
-supervisor on each node sees progress in its own node's log (its hang detection reads these lines).
+supervisor on each node sees progress in its own node's log (its hang detection reads these lines). A step
+after which the held-out loss was evaluated (``[validation]``, training/validation.py) is always logged, and its
+record adds ``val_loss``, ``val_perplexity`` (exp of it) and ``val_time_s``.
 
 Before the first step, one resume line says where the run started (``log_resume``):
 ``{"event": "resume", "step": N, "path": "..."}``, the checkpoint's step and directory, or step 0 and path
@@ -14,6 +16,8 @@ job log, which the CloudWatch agent already ships, so CloudWatch Logs turns it i
 from the training loop (CloudWatch User Guide, "Specification: Embedded metric format"; the agent marks a
 stream as EMF when a line is a JSON object with "CloudWatchMetrics"). Dimensions: {Cluster, JobId}, from the
 job environment (CLUSTER_STACK_NAME, CLUSTER_JOB_ID), and {Cluster} for the metrics the stack's alarms watch.
+It is the only way: a job has no AWS credentials to call CloudWatch with (the node's metadata service is
+closed to the job user: node_bootstrap/imds_block.py), so ``metrics.cloudwatch=true`` is refused.
 
 Step times are averaged over the steps since the last logged step on each rank (after a device synchronize)
 and all-gathered, so a straggler shows up as ``step_time_s_max`` with ``slowest_rank`` naming it. Throughput
@@ -29,17 +33,15 @@ import os
 import resource
 import statistics
 import sys
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any, TextIO
 
 import torch
 import torch.distributed as dist
 
 from training.config_sections import JOB_ID_ENV, MetricsConfig
+from training.validation import ValidationResult
 
 log = logging.getLogger(__name__)
 
@@ -106,71 +108,6 @@ class GpuSampler:
             return {}
 
 
-# CloudWatch: metric name, JSON key, unit (PutMetricData's StandardUnit values)
-_CLOUDWATCH_METRICS = (
-    ("Loss", "loss", "None"),
-    ("LearningRate", "lr", "None"),
-    ("TokensPerSecond", "tokens_per_s", "Count/Second"),
-    ("ModelTFLOPSPerGPU", "tflops", "None"),
-    ("MFU", "mfu", "None"),
-    ("StepTimeMax", "step_time_s_max", "Seconds"),
-    ("GradNorm", "grad_norm", "None"),
-    ("PeakMemoryGiB", "mem_gib", "None"),  # GiB; CloudWatch's "Gigabytes" unit does not say 2**30
-)
-
-
-class CloudWatchPublisher:
-    """Buffers step records and sends them with PutMetricData from a background thread: a slow or failing API
-    call never stalls or ends training (failures are logged)."""
-
-    def __init__(self, cfg: MetricsConfig, *, client: Any = None):
-        if client is None:
-            import boto3  # lazy: only rank 0 with metrics.cloudwatch=true needs it
-
-            client = boto3.client("cloudwatch", **({"region_name": cfg.cloudwatch_region}
-                                                   if cfg.cloudwatch_region else {}))
-        self._client = client
-        self._namespace = cfg.cloudwatch_namespace
-        self._dimensions = cfg.dimensions()
-        self._flush_steps = cfg.cloudwatch_flush_steps
-        self._buffer: list[dict[str, Any]] = []
-        self._buffered_steps = 0
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cloudwatch")
-        self._lock = threading.Lock()
-        self.failures = 0
-
-    def add(self, record: dict[str, Any]) -> None:
-        timestamp = datetime.now(timezone.utc)  # noqa: UP017  (datetime.UTC is 3.11+; nodes may run 3.10)
-        for name, key, unit in _CLOUDWATCH_METRICS:
-            value = record.get(key)
-            if value is None or not math.isfinite(value):  # PutMetricData rejects NaN and infinities
-                continue
-            self._buffer.append({"MetricName": name, "Dimensions": self._dimensions, "Timestamp": timestamp,
-                                 "Value": float(value), "Unit": unit})
-        self._buffered_steps += 1
-        if self._buffered_steps >= self._flush_steps:
-            self.flush()
-
-    def flush(self) -> None:
-        data, self._buffer, self._buffered_steps = self._buffer, [], 0
-        if data:
-            self._executor.submit(self._send, data)
-
-    def close(self) -> None:
-        self.flush()
-        self._executor.shutdown(wait=True)
-
-    def _send(self, data: list[dict[str, Any]]) -> None:
-        # one call: PutMetricData takes up to 1000 data items (CloudWatch API reference, PutMetricData), and
-        # a flush holds at most cloudwatch_flush_steps (<= 100) x 8 metrics
-        try:
-            self._client.put_metric_data(Namespace=self._namespace, MetricData=data)
-        except Exception as exc:  # botocore ClientError, no credentials, endpoint unreachable
-            with self._lock:
-                self.failures += 1
-            log.warning("CloudWatch PutMetricData failed (%s); training continues", exc)
-
-
 # EMF: metric name, how to get it from the step record (and the extras below), unit. Names are what
 # cluster_spec/metrics.py (the dashboard, the alarms, clusterctl top) reads.
 _EMF_METRICS = (
@@ -190,6 +127,9 @@ _EMF_METRICS = (
      if r["step_time_s_median"] > 0 else None, "None"),
     ("SlowestRank", lambda r: r["slowest_rank"], "None"),
     ("PeakMemoryGiB", lambda r: r["mem_gib"], "None"),  # GiB; CloudWatch's "Gigabytes" does not say 2**30
+    # the held-out loss ([validation]), in the records of the steps that evaluated it
+    ("ValidationLoss", lambda r: r.get("val_loss"), "None"),
+    ("ValidationPerplexity", lambda r: r.get("val_perplexity"), "None"),
 )
 # Also published per cluster, whatever the job: alarms need fixed dimensions, and one job runs at a time.
 _EMF_CLUSTER_METRICS = ("TokensPerSecond", "MFU", "StragglerRatio")
@@ -245,7 +185,7 @@ class MetricsLogger:
 
     def __init__(self, cfg: MetricsConfig, *, rank: int, world_size: int, device: torch.device,
                  model: ThroughputModel, stdout: TextIO | None = None, stderr: TextIO | None = None,
-                 cloudwatch: CloudWatchPublisher | None = None, local_rank: int = 0):
+                 local_rank: int = 0):
         self.cfg = cfg
         self.rank = rank
         self.local_rank = local_rank  # rank on this node: 0 prints the node's progress line
@@ -255,17 +195,15 @@ class MetricsLogger:
         self.stdout = stdout or sys.stdout
         self.stderr = stderr or sys.stderr
         self.gpu = GpuSampler(device, cfg.nvml)
-        self.cloudwatch = cloudwatch
-        if cloudwatch is None and cfg.cloudwatch and rank == 0:
-            self.cloudwatch = CloudWatchPublisher(cfg)
         self.emf = cfg.emf_enabled() and rank == 0
         self.emf_cluster = os.environ.get(CLUSTER_ENV) or "local"
         self.emf_job_id = os.environ.get(JOB_ID_ENV) or "local"
 
     def log_step(self, *, step: int, total_steps: int, loss: torch.Tensor, lr: float, grad_norm: torch.Tensor,
-                 step_time_s: float) -> dict[str, Any] | None:
+                 step_time_s: float, validation: ValidationResult | None = None) -> dict[str, Any] | None:
         """Gather ``[step_time_s, loss]`` from every rank; rank 0 emits and returns the record. ``loss`` is
-        this rank's mean loss of the step, ``step_time_s`` its mean step time since the last logged step."""
+        this rank's mean loss of the step, ``step_time_s`` its mean step time since the last logged step.
+        ``validation``: the held-out loss evaluated after this step (the same on every rank), or None."""
         local = torch.tensor([step_time_s, float(loss)], dtype=torch.float64, device=self.device)
         if dist.is_available() and dist.is_initialized() and self.world_size > 1:
             gathered = [torch.empty_like(local) for _ in range(self.world_size)]
@@ -286,6 +224,9 @@ class MetricsLogger:
         record.update(ranks)
         record["grad_norm"] = float(grad_norm)
         record["mem_gib"] = peak_memory_gib(self.device)
+        if validation is not None:
+            record.update(val_loss=validation.loss, val_perplexity=validation.perplexity,
+                          val_time_s=validation.time_s)
         record.update(self.gpu.sample())
         self._emit(record, total_steps)
         if self.emf:
@@ -306,19 +247,15 @@ class MetricsLogger:
             self.stdout.flush()
         if self.cfg.progress:
             mfu = f" mfu {record['mfu']:.1%}" if record["mfu"] is not None else ""
+            held_out = (f" val_loss {record['val_loss']:.4f} (perplexity {record['val_perplexity']:.2f})"
+                        if "val_loss" in record else "")
             self.stderr.write(
                 f"step {record['step']}/{total_steps} loss {record['loss']:.4f} lr {record['lr']:.2e} "
                 f"{record['tokens_per_s']:,.0f} tok/s {record['tflops']:.2f} TFLOP/s{mfu} "
                 f"step {record['step_time_s_max'] * 1000:.0f} ms (slowest rank {record['slowest_rank']}) "
-                f"mem {record['mem_gib']:.2f} GiB\n"
+                f"mem {record['mem_gib']:.2f} GiB{held_out}\n"
             )
             self.stderr.flush()
-        if self.cloudwatch is not None:
-            self.cloudwatch.add(record)
-
-    def close(self) -> None:
-        if self.cloudwatch is not None:
-            self.cloudwatch.close()
 
 
 def _json_safe(record: dict[str, Any]) -> dict[str, Any]:

@@ -59,18 +59,35 @@ class RMSNorm(nn.Module):
 
 
 def rope_cos_sin(
-    seq_len: int, head_dim: int, theta: float, device: torch.device
+    seq_len: int, head_dim: int, theta: float, device: torch.device, cfg: ModelConfig | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables [seq_len, head_dim] of rotary embeddings (Su et al. 2021), in float32.
+    """cos and sin tables [seq_len, head_dim] of rotary embeddings (Su et al. 2021), in float32; with
+    ``cfg.rope_scaling == "llama3"`` the frequencies are scaled as Llama 3.1 does (llama3_inv_freq).
 
     Computed per forward instead of kept in a buffer: a buffer built on the meta device would need its own
     re-initialisation after ``to_empty``, and the table costs seq_len * head_dim / 2 multiplications."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    if cfg is not None and cfg.rope_scaling == "llama3":
+        inv_freq = llama3_inv_freq(inv_freq, cfg)
     angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
     angles = torch.cat(
         (angles, angles), dim=-1
     )  # the "rotate half" layout pairs channel i with i + head_dim/2
     return angles.cos(), angles.sin()
+
+
+def llama3_inv_freq(inv_freq: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+    """Llama 3.1's RoPE frequency scaling (Meta's apply_scaling; transformers' _compute_llama3_parameters):
+    wavelengths longer than original_max_positions / low_freq_factor are stretched by the factor, those
+    shorter than original_max_positions / high_freq_factor kept, the ones between blended smoothly."""
+    factor, low, high = cfg.rope_scaling_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
+    old_context = cfg.rope_original_max_positions
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_context / low, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old_context / high) & ~(wavelen > old_context / low)
+    return torch.where(medium, blended, scaled)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -160,6 +177,11 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(TransformerBlock(i, cfg) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            # One parameter under two names (Llama 3.2 1B/3B): both modules sit in the root's fully_shard
+            # group, so FSDP2 shards, gathers and reduces it once; the FP8 filter leaves the output head in
+            # bf16 (training.fp8.HIGH_PRECISION_MODULES), so the embedding is never an FP8 weight either.
+            self.output.weight = self.tok_embeddings.weight
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None, *,
                 loss_chunk_tokens: int = 0) -> torch.Tensor:
@@ -170,7 +192,7 @@ class Transformer(nn.Module):
         The fused loss runs here, inside the root module's forward, because under FSDP2 the root's parameters
         (the output head among them) are gathered only between its forward pre- and post-hooks."""
         h = self.tok_embeddings(tokens)
-        cos, sin = rope_cos_sin(tokens.shape[1], self.cfg.head_dim, self.cfg.rope_theta, h.device)
+        cos, sin = rope_cos_sin(tokens.shape[1], self.cfg.head_dim, self.cfg.rope_theta, h.device, self.cfg)
         for layer in self.layers:
             h = layer(h, cos, sin)
         h = self.norm(h)
@@ -207,7 +229,8 @@ class Transformer(nn.Module):
             _init_(layer.attention_norm.weight, nn.init.ones_)
             _init_(layer.ffn_norm.weight, nn.init.ones_)
         _init_(self.norm.weight, nn.init.ones_)
-        _init_(self.output.weight, _trunc_normal(self.cfg.dim**-0.5, 3.0, generator))
+        if not self.cfg.tie_embeddings:  # tied: the output head is the embedding, initialised above
+            _init_(self.output.weight, _trunc_normal(self.cfg.dim**-0.5, 3.0, generator))
 
 
 def _trunc_normal(

@@ -29,7 +29,8 @@ def count_params(cfg: ModelConfig, *, include_embedding: bool = True) -> int:
     feed_forward = 3 * cfg.dim * cfg.ffn_dim
     block = attention + feed_forward + 2 * cfg.dim  # + two RMSNorm weights
     non_embedding = cfg.n_layers * block + cfg.dim + cfg.dim * cfg.vocab_size  # + final norm + output head
-    return non_embedding + (cfg.vocab_size * cfg.dim if include_embedding else 0)
+    # tied embeddings: the output head's matrix is the embedding, counted once (as the head, a matmul)
+    return non_embedding + (cfg.vocab_size * cfg.dim if include_embedding and not cfg.tie_embeddings else 0)
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:

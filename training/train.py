@@ -24,7 +24,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from training.checkpoint.checkpointer import Checkpointer
-from training.checkpoint.layout import read_train_state
+from training.checkpoint.layout import read_train_state, step_dir
 from training.checkpoint.local_resume import choose_local_resume, keep_only, load_local
 from training.checkpoint.local_tier import LocalCheckpointer
 from training.checkpoint.resume import resolve_resume
@@ -34,6 +34,8 @@ from training.errors import ConfigError
 from training.faults import StopRequest
 from training.fp8 import Fp8Backend, build_fp8_backend, describe_fp8, te_unverified_combinations
 from training.hardware import peak_bf16_tflops_per_gpu
+from training.hf.export import export_checkpoint
+from training.hf.load import load_hf_weights, resolve_init_model
 from training.loss import cross_entropy_loss
 from training.metrics import MetricsLogger, ThroughputModel, log_resume
 from training.model import ModelConfig, Transformer, flops_per_token, num_params
@@ -48,6 +50,7 @@ from training.parallelize import (
     set_process_group_timeout,
 )
 from training.preflight import run_preflight
+from training.validation import Validator, build_validator
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +69,8 @@ def train(cfg: TrainConfig, *, resume: str = "auto", local_resume: bool | None =
     ``local_resume``: whether a newer step of the local tier may win over ``resume`` (default: with
     ``auto``; ``python -m training`` also when ``--resume-from-dir`` chose another job's checkpoint).
     Collective: under torchrun every rank calls it."""
+    # init.hf_dir: the model's shape is its config.json's (or the copy a fresh start left in checkpoint.dir)
+    cfg = resolve_init_model(cfg)
     run_preflight(cfg, rank=int(os.environ.get("RANK", "0")))  # a bad setting fails here, before any build
     if local_resume is None:
         local_resume = resume == "auto"
@@ -101,6 +106,15 @@ def _train_in_group(cfg: TrainConfig, resume: str, local_resume: bool, stop: Sto
     if dist_info.is_main:  # what this run computes with, before anything is built
         log.info("torch %s; fp8: %s", torch.__version__, describe_fp8(cfg.fp8))
 
+    # the held-out set ([validation]) is read now: a bad one fails before the model is built
+    validator = build_validator(cfg, rank=dist_info.rank, world_size=dist_info.world_size)
+    # the step's shape: a run.global_batch_tokens these ranks cannot split into whole micro-batches fails here
+    accum = cfg.run.accumulation_steps(dist_info.world_size)
+    if dist_info.is_main:
+        log.info("global batch: %d tokens a step = seq %d x micro-batch %d x %d ranks x %d accumulated",
+                 cfg.run.tokens_per_step(dist_info.world_size), cfg.run.seq_len, cfg.run.micro_batch_size,
+                 dist_info.world_size, accum)
+
     # 2-8) the model, built in the one order (build_model)
     fp8 = build_fp8_backend(cfg.fp8)
     model = build_model(cfg.model, cfg.parallel, fp8, dist_info, seed=cfg.run.seed)
@@ -130,6 +144,9 @@ def _train_in_group(cfg: TrainConfig, resume: str, local_resume: bool, stop: Sto
                  fetched)
     elif resume_path is not None:
         start_step, tier = checkpointer.load(resume_path, model, optimizer).step, "durable"
+    elif cfg.init.hf_dir:
+        # a fresh start: the init directory's weights replace the random ones, each rank reading its shards
+        load_hf_weights(model, cfg, rank=dist_info.rank)
     if resume_path is not None:
         # what the straight run derived from these weights after the step that produced them (torchao's
         # precomputed FP8 all-gather scales), derived again, so the next step runs the same code path
@@ -140,7 +157,7 @@ def _train_in_group(cfg: TrainConfig, resume: str, local_resume: bool, stop: Sto
 
     # 11) the loop
     try:
-        result = _loop(cfg, model, optimizer, fp8, checkpointer, local, stop, dist_info, start_step)
+        result = _loop(cfg, model, optimizer, fp8, checkpointer, local, stop, dist_info, start_step, validator)
     except BaseException:
         local.abandon()  # its writer may wait on a rank that is gone: what it left is never counted
         checkpointer.close_after_error()  # a pending save may still complete; the first error propagates
@@ -148,6 +165,9 @@ def _train_in_group(cfg: TrainConfig, resume: str, local_resume: bool, stop: Sto
     local.close()
     checkpointer.close()  # waits for a pending async save: never exit while one is being written
     destroy_distributed()
+    if cfg.export.hf_dir and dist_info.is_main and not result.stopped_by_signal and result.steps_done == cfg.run.steps:
+        # rank 0 alone, from the final checkpoint on disk, shard by shard (the other ranks may exit)
+        export_checkpoint(step_dir(cfg.checkpoint.dir, result.steps_done), cfg.export.hf_dir)
     return result
 
 
@@ -179,10 +199,11 @@ def build_model(model_cfg: ModelConfig, parallel_cfg: ParallelConfig, fp8: Fp8Ba
 
 def _loop(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, fp8: Fp8Backend,
           checkpointer: Checkpointer, local: LocalCheckpointer, stop: StopRequest, dist_info: DistInfo,
-          start_step: int) -> TrainResult:
+          start_step: int, validator: Validator | None = None) -> TrainResult:
     run = cfg.run
     device = dist_info.device
     total_steps = run.steps
+    accum = run.accumulation_steps(dist_info.world_size)  # from run.global_batch_tokens, else grad_accum_steps
     if start_step >= total_steps:
         log.warning("checkpoint is at step %d, run.steps=%d: nothing to train", start_step, total_steps)
         return TrainResult(start_step=start_step, steps_done=start_step, stopped_by_signal=False)
@@ -190,10 +211,10 @@ def _loop(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, 
     source = build_batch_source(
         cfg.data, seq_len=run.seq_len, vocab_size=cfg.model.vocab_size, seed=run.seed,
         dp_rank=dist_info.rank, dp_world_size=dist_info.world_size, micro_batch_size=run.micro_batch_size,
-        grad_accum_steps=run.grad_accum_steps,
+        grad_accum_steps=accum,
     )
     prefetcher = Prefetcher(
-        source, start_step=start_step, grad_accum_steps=run.grad_accum_steps, device=device,
+        source, start_step=start_step, grad_accum_steps=accum, device=device,
         depth=cfg.data.prefetch_depth_steps, pin_memory=cfg.data.pin_memory,
         numa_affinity=cfg.data.numa_affinity,
     )
@@ -214,7 +235,7 @@ def _loop(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, 
         for step in range(start_step, total_steps):
             lr = lr_at(step, cfg.optim, total_steps)
             apply_lr(optimizer, lr)
-            loss = _forward_backward(model, fp8, prefetcher.next_step(), run.grad_accum_steps,
+            loss = _forward_backward(model, fp8, prefetcher.next_step(), accum,
                                      loss_chunk_tokens=cfg.parallel.loss_chunk_tokens)
             grad_norm = clip_grad_norm_(model, cfg.optim.max_grad_norm)
             # a save's background copy of the state overlaps forward and backward; it must be complete before
@@ -227,12 +248,15 @@ def _loop(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, 
             done = step + 1
             interval_steps += 1
 
-            if done % run.log_interval_steps == 0 or done == start_step + 1 or done == total_steps:
+            validate = validator is not None and validator.due(done, total_steps)  # a held-out loss is logged
+            if done % run.log_interval_steps == 0 or done == start_step + 1 or done == total_steps or validate:
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)  # step time must include the queued GPU work
                 now = time.perf_counter()
+                # after the step time is taken (evaluating is not training time); the same on every rank
+                validation = validator.evaluate(model, step=done, device=device) if validator and validate else None
                 metrics.log_step(step=done, total_steps=total_steps, loss=loss, lr=lr, grad_norm=grad_norm,
-                                 step_time_s=(now - interval_start) / interval_steps)
+                                 step_time_s=(now - interval_start) / interval_steps, validation=validation)
                 if done == start_step + 1:  # start-up is over: a collective that now takes minutes is a hang
                     set_process_group_timeout(cfg.parallel.train_timeout_seconds, dist_info)
                 interval_start, interval_steps = time.perf_counter(), 0
@@ -250,7 +274,6 @@ def _loop(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, 
                 local.save(done, model, optimizer)
     finally:
         prefetcher.close()
-        metrics.close()
     return TrainResult(start_step=start_step, steps_done=done, stopped_by_signal=stopped)
 
 

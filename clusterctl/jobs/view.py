@@ -83,17 +83,28 @@ def states_json(job_id: str, states: Sequence[NodeJobState]) -> dict[str, object
 
 def format_states(states: Sequence[NodeJobState], label: str) -> str:
     """One row per node, then `<label>: <overall state> (<nodes>)`; for a commcheck, busbw where rank 0
-    logged it instead of step and loss."""
+    logged it instead of step and loss; for a job with [validation], its newest held-out loss."""
     overall = overall_state(states)
     if is_commcheck(states):
         return _format_commcheck_states(states, overall, label)
+    # a VAL LOSS column only for a job with [validation] that has evaluated it (rank 0's node logs it)
+    validated = any(s.last_val_loss is not None for s in states)
     rows = [
-        (s.instance_id, s.state, s.exit_code, s.last_step, s.last_loss, s.network, s.started_at, s.ended_at,
-         s.detail)
+        (s.instance_id, s.state, s.exit_code, s.last_step, s.last_loss,
+         *((_val_loss(s),) if validated else ()), s.network, s.started_at, s.ended_at, s.detail)
         for s in states
     ]
-    table = format_table(("INSTANCE", "STATE", "EXIT", "STEP", "LOSS", "NETWORK", "STARTED", "ENDED", "DETAIL"), rows)
+    headers = ("INSTANCE", "STATE", "EXIT", "STEP", "LOSS", *(("VAL LOSS",) if validated else ()), "NETWORK",
+               "STARTED", "ENDED", "DETAIL")
+    table = format_table(headers, rows)
     return f"{table}\n{label}: {overall} ({_count_nodes(states)})"
+
+
+def _val_loss(state: NodeJobState) -> str | None:
+    """The VAL LOSS cell: the held-out loss and the step it was evaluated after, "2.3456@1200"."""
+    if state.last_val_loss is None:
+        return None
+    return f"{state.last_val_loss:.4f}@{state.last_val_step}"
 
 
 def _format_commcheck_states(states: Sequence[NodeJobState], overall: str, label: str) -> str:

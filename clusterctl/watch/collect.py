@@ -1,6 +1,6 @@
 """`clusterctl top`: what the cluster is doing now, from CloudWatch: per node GPU utilization, memory,
-temperature, power and EFA throughput; the active job's state and attempt, step, loss, tokens/s, MFU and ETA;
-the cost so far.
+temperature, power and EFA throughput; the active job's state and attempt, step, loss, tokens/s, MFU and ETA,
+and its newest held-out loss ([validation]); the cost so far.
 
 Reads the same metrics as the dashboard (cluster_spec/metrics.py): the CloudWatch agent's per-node
 roll-ups, the EFA collector's and the trainer's EMF metrics, and the Auto Scaling group's metrics. Which job to
@@ -70,6 +70,10 @@ class JobView:
     slowest_rank: int | None
     eta_s: float | None
     updated_at: datetime.datetime | None  # the newest step record's time
+    # The newest held-out loss ([validation]) and its perplexity, from the last step record that evaluated it;
+    # None: the job has no [validation], or has not reached its first evaluation
+    val_loss: float | None = None
+    val_perplexity: float | None = None
     # The job table's record (all None on a stack deployed before the job table: the job was found by its metrics)
     state: str | None = None  # starting, running or restarting (job_table.ACTIVE_STATES)
     attempt: int | None = None  # 1: the submit; each restart on a new node set adds one
@@ -195,6 +199,8 @@ _JOB_METRICS = (
     ("straggler_ratio", cm.STRAGGLER_RATIO, "Maximum"),
     ("slowest_rank", cm.SLOWEST_RANK, "Maximum"),
     ("eta_s", cm.ETA_SECONDS, "Minimum"),
+    ("val_loss", cm.VALIDATION_LOSS, "Average"),  # only jobs with [validation] publish these two
+    ("val_perplexity", cm.VALIDATION_PERPLEXITY, "Average"),
 )
 
 
@@ -275,7 +281,8 @@ def job_view(cloudwatch: Any, cluster: str, job_id: str, now: datetime.datetime)
                    tokens_per_s=value("tokens_per_s"), mfu_pct=value("mfu_pct"),
                    step_time_max_s=value("step_time_max_s"), step_time_median_s=value("step_time_median_s"),
                    straggler_ratio=value("straggler_ratio"), slowest_rank=whole("slowest_rank"),
-                   eta_s=value("eta_s"), updated_at=updated)
+                   eta_s=value("eta_s"), updated_at=updated, val_loss=value("val_loss"),
+                   val_perplexity=value("val_perplexity"))
 
 
 def active_job(table: JobTable, cloudwatch: Any, cluster: str,

@@ -106,6 +106,7 @@ def job_panel(view: ClusterView) -> Panel:
     lines = _record_lines(job)
     lines += [
         f"step {steps}   loss {_num(job.loss, '{:.4f}')}   ETA {_duration(job.eta_s)}",
+        *_validation_lines(job),
         f"tokens/s {_num(job.tokens_per_s, '{:,.0f}')}   MFU {_num(job.mfu_pct, '{:.1f}%')}   "
         f"step time {_num(job.step_time_max_s, '{:.3f}')} s (median rank {_num(job.step_time_median_s, '{:.3f}')}"
         f" s)   slowest/median {straggler}",
@@ -115,6 +116,13 @@ def job_panel(view: ClusterView) -> Panel:
     if job.state is not None:  # the first line; bold, so that a stale step under a restart is not read as a hang
         text.stylize("bold green" if job.state == "running" else "bold yellow", 0, len(job.state))
     return Panel(text, title=f"Job {job.job_id}", title_align="left")
+
+
+def _validation_lines(job: JobView) -> list[str]:
+    """The newest held-out loss, for a job with [validation] that has evaluated it; nothing otherwise."""
+    if job.val_loss is None:
+        return []
+    return [f"validation loss {job.val_loss:.4f}   perplexity {_num(job.val_perplexity, '{:,.2f}')}"]
 
 
 def _no_job_text(view: ClusterView) -> str:

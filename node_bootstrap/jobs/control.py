@@ -1,6 +1,6 @@
 """`status` and `cancel`: read a job's recorded state (and, from the current attempt's part of its log, the
-last step, the checkpoint step the trainer resumed from, or a commcheck's all_reduce bus bandwidth, and the
-network NCCL chose), and stop it."""
+last step, the last held-out loss, the checkpoint step the trainer resumed from, or a commcheck's all_reduce bus
+bandwidth, and the network NCCL chose), and stop it."""
 
 import json
 import os
@@ -96,6 +96,23 @@ def find_last_step(text: str) -> Optional[dict[str, object]]:
     return find_last_event(text, ("step",))
 
 
+def find_last_validation(text: str) -> Optional[dict[str, object]]:
+    """The last step line that carries a held-out loss ("val_loss": the trainer's [validation] evaluated it
+    after that step) in `text`; None without one. Later step lines carry none, so the last step line alone
+    would not do."""
+    for line in reversed(text.splitlines()):
+        start = line.find("{")
+        if start < 0 or '"val_loss"' not in line:
+            continue
+        try:
+            event = json.loads(line[start:])
+        except ValueError:
+            continue
+        if isinstance(event, dict) and event.get("event") == "step":
+            return event
+    return None
+
+
 def find_resumed_from_step(text: str) -> Optional[object]:
     """The checkpoint step of the trainer's last resume line, {"event": "resume", "step": N, "path": ...,
     "tier": ...} (training/metrics.py; step 0, path null and no tier when it started fresh), in `text`; None
@@ -184,6 +201,10 @@ def job_status(settings: JobSettings, job_id: str) -> dict[str, object]:
                                  else status.get("resumedFromTier"))
     result["lastStep"] = step.get("step") if step else None
     result["lastLoss"] = step.get("loss") if step else None
+    # the newest held-out loss while its step line is in the log's tail (LOG_TAIL_BYTES); None without one
+    validation = find_last_validation(ends.tail) if ends else None
+    result["lastValStep"] = validation.get("step") if validation else None
+    result["lastValLoss"] = validation.get("val_loss") if validation else None
     spec = read_json(files.spec_path) or {}
     result["module"] = spec.get("module", TRAINING_MODULE)  # jobs started before the module existed: training
     if result["module"] == COMMCHECK_MODULE:

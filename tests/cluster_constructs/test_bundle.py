@@ -200,6 +200,7 @@ def test_the_node_bundle_carries_exactly_the_locked_wheels(tmp_path):
     (wheelhouse / "six-1.16.0-py2.py3-none-any.whl").write_bytes(b"not in the lock")
     staged = stage_bundle(tmp_path / "bundle", wheelhouse=wheelhouse)
     assert sorted(p.name for p in (staged / "wheelhouse").iterdir()) == [
+        "safetensors-0.8.0-cp310-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
         "torchao-0.18.0-cp310-abi3-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl"]
     assert (staged / "training" / "node-requirements.txt").exists()  # the lock itself, beside the trainer
     assert not (stage_keeper_code(tmp_path / "keeper") / "wheelhouse").exists()
@@ -215,7 +216,7 @@ def test_a_missing_or_different_wheel_stops_the_synthesis(tmp_path):
         stage_bundle(tmp_path / "a", wheelhouse=empty)
     tampered = tmp_path / "tampered"
     shutil.copytree(REPO_ROOT / "build" / "wheelhouse", tampered)
-    [wheel] = tampered.glob("*.whl")
+    [wheel] = tampered.glob("torchao-*.whl")
     wheel.write_bytes(wheel.read_bytes() + b"\0")
     with pytest.raises(LockError, match=r"^torchao==0\.18\.0: hash mismatch: torchao-0\.18\.0-.*\.whl has sha256 "):
         stage_bundle(tmp_path / "b", wheelhouse=tampered)

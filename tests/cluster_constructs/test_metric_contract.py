@@ -69,6 +69,7 @@ def trainer_lines(monkeypatch) -> list[str]:
     import torch
 
     from training.metrics import MetricsConfig, MetricsLogger, ThroughputModel
+    from training.validation import ValidationResult
 
     monkeypatch.setenv("CLUSTER_STACK_NAME", CLUSTER)
     monkeypatch.setenv("CLUSTER_JOB_ID", "j-20261120-231502-ab12")
@@ -78,6 +79,9 @@ def trainer_lines(monkeypatch) -> list[str]:
                             model=model, stdout=io.StringIO(), stderr=err)
     metrics.log_step(step=10, total_steps=100, loss=torch.tensor(3.0), lr=1e-4, grad_norm=torch.tensor(1.0),
                      step_time_s=1.0)
+    # a step that evaluated the held-out loss ([validation]) adds its metrics
+    metrics.log_step(step=20, total_steps=100, loss=torch.tensor(2.9), lr=1e-4, grad_norm=torch.tensor(1.0),
+                     step_time_s=1.0, validation=ValidationResult(step=20, loss=3.1, time_s=0.5))
     return [line for line in err.getvalue().splitlines() if line.startswith('{"_aws"')]
 
 
@@ -212,7 +216,7 @@ def test_user_data_carries_the_agent_config_at_the_configured_interval(synth):
 
 
 def test_operators_may_read_what_clusterctl_top_reads(stack):
-    (policy,) = stack.resources("AWS::IAM::ManagedPolicy").values()
+    (policy,) = [p for k, p in stack.resources("AWS::IAM::ManagedPolicy").items() if k.startswith("JobsOperatorPolicy")]
     statements = {s.get("Sid"): s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
     metrics = statements["ReadClusterMetrics"]
     assert set(metrics["Action"]) == {"cloudwatch:GetMetricData", "cloudwatch:ListMetrics"}
@@ -230,8 +234,22 @@ def test_one_dashboard_per_cluster_linked_from_the_outputs(stack):
     for wanted in ("GPU utilization per node", "GPU memory used per node", "GPU temperature per node",
                    "GPU power per node", "EFA throughput per node", "Tokens per second", "MFU", "Loss",
                    "Step time across ranks", "FSx for Lustre throughput", "FSx for Lustre free space",
-                   "Cost so far"):
+                   "Cost so far", "Validation loss"):
         assert any(t.startswith(wanted) for t in titles), wanted
+
+
+def test_the_validation_widget_graphs_the_held_out_loss_and_perplexity_of_this_cluster_s_jobs(stack, produced):
+    refs = [r for r in dashboard_references(stack.template_json) if r.where.startswith("Validation loss")]
+    assert {r.name for r in refs} == {"ValidationLoss", "ValidationPerplexity"}
+    assert all(r.dimensions == {"Cluster", "JobId"} and dict(r.filters) == {"Cluster": CLUSTER} for r in refs)
+    (widget,) = [w for body in dashboard_bodies(stack.template_json) for w in body["widgets"]
+                 if w["properties"].get("title", "").startswith("Validation loss")]
+    sides = {m[-1]["label"]: m[-1].get("yAxis", "left") for m in widget["properties"]["metrics"]}
+    assert sides == {"${PROP('Dim.JobId')} held-out loss": "left", "${PROP('Dim.JobId')} perplexity (right)": "right"}
+    # what the trainer writes at a step that evaluated it, and only there
+    assert {(ns, name) for ns, name, _ in produced["trainer"]} >= {("TrainingCluster", "ValidationLoss"),
+                                                                  ("TrainingCluster", "ValidationPerplexity")}
+    assert unproduced(refs, everything(produced)) == []
 
 
 def test_the_interval_setting_reaches_agent_dashboard_and_outputs(synth):

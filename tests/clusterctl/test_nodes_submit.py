@@ -148,6 +148,9 @@ def test_submit_rejects_bad_input_before_any_aws_call(cli, sent, cluster):
         ("training/configs/tiny-cpu.toml", "run.steps=lots", "run.steps='lots': allowed: an integer"),
         ("training/configs/tiny-cpu.toml", "run.steps=0", "run.steps=0: allowed: an integer >= 1"),
         ("training/configs/tiny-cpu.toml", "fp8.backend=fp4", "fp8.backend='fp4': allowed: none, torchao, te"),
+        # jobs have no AWS credentials: their metrics go through EMF and the agent
+        ("training/configs/tiny-cpu.toml", "metrics.cloudwatch=true",
+         "metrics.cloudwatch=true: allowed: false. Jobs have no AWS credentials (docs/security.md)"),
         # a rule between two fields, checked on the file and the --set items together
         ("training/configs/tiny-cpu.toml", "optim.min_lr=1.0", "optim.min_lr=1.0: allowed: 0 <= min_lr <="),
         # a config on the nodes cannot be read here: the --set items are still checked on their own

@@ -70,6 +70,30 @@ def test_status_json_has_the_record_and_the_nodes(cli, cluster, fakes, ssm_stub)
     assert [x["steps_lost"] for x in report["record"]["attempts"]] == [20, None]
 
 
+def test_status_shows_the_held_out_loss_rank_0_s_node_logged(cli, cluster, fakes, ssm_stub):
+    a, _, c = cluster.instance_ids
+    put_job(fakes, "running", attempts=two_attempts(cluster))
+    # rank 0's node logged the full step records, with [validation]'s held-out loss after step 100; the other
+    # node's short step lines carry none (node_bootstrap.jobs status: lastValStep, lastValLoss)
+    rank0 = {**running(JOB, 140, 2.5), "lastValStep": 100, "lastValLoss": 2.718281}
+    expect(ssm_stub, fakes, "status", JOB, {a: rank0, c: running(JOB, 140, None)})
+    lines = cli("status", JOB).lines
+    header = next(i for i, line in enumerate(lines) if line.startswith("INSTANCE"))
+    assert lines[header].split()[:7] == ["INSTANCE", "STATE", "EXIT", "STEP", "LOSS", "VAL", "LOSS"]
+    assert lines[header + 1].split()[:7] == [a, "running", "-", "140", "2.5", "2.7183@100", "Libfabric/efa"]
+    assert lines[header + 2].split()[:6] == [c, "running", "-", "140", "-", "-"]
+    expect(ssm_stub, fakes, "status", JOB, {a: rank0, c: running(JOB, 140, None)})
+    nodes = json.loads(cli("status", JOB, "--json").out)["nodes"]
+    assert [(n["last_val_step"], n["last_val_loss"]) for n in nodes] == [(100, 2.718281), (None, None)]
+
+
+def test_status_without_validation_has_no_val_loss_column(cli, cluster, fakes, ssm_stub):
+    a, _, c = cluster.instance_ids
+    put_job(fakes, "running", attempts=two_attempts(cluster))
+    expect(ssm_stub, fakes, "status", JOB, {a: running(JOB, 140, 2.5), c: running(JOB, 140, None)})
+    assert "VAL LOSS" not in cli("status", JOB).out
+
+
 def test_status_leaves_the_record_to_the_keeper_when_it_wrote_in_between(cli, cluster, fakes, ssm_stub):
     a, _, c = cluster.instance_ids
     put_job(fakes, "running", attempts=two_attempts(cluster))

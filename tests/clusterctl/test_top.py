@@ -11,6 +11,7 @@ import dataclasses
 import datetime
 import io
 import json
+import math
 
 import boto3
 import pytest
@@ -28,7 +29,7 @@ from top_support import (
     trainer_data,
 )
 
-from cluster_constructs.job_keeper import JOB_TABLE_ACTIONS
+from cluster_constructs.jobs import OPERATOR_TABLE_ACTIONS
 from cluster_jobs.table import LOCK_KEY, Attempt
 from clusterctl.cli import main
 from clusterctl.runtime import Runtime
@@ -101,6 +102,25 @@ def test_json_has_the_same_numbers(cli, busy_cluster):
     assert view["notes"] == []
 
 
+def test_a_job_with_validation_shows_its_newest_held_out_loss(cli, busy_cluster, monkeypatch):
+    from training.validation import ValidationResult
+
+    _, now = busy_cluster
+    put(trainer_data(monkeypatch, now - datetime.timedelta(minutes=1),
+                     validation=ValidationResult(step=40, loss=2.125, time_s=4.0)))
+    result = cli("top", "--once")
+    assert result.code == 0, result.err
+    assert "validation loss 2.1250   perplexity 8.37" in result.out
+    job = json.loads(cli("top", "--json").out)["job"]
+    assert job["val_loss"] == 2.125 and job["val_perplexity"] == pytest.approx(math.exp(2.125))
+
+
+def test_once_without_validation_shows_no_held_out_loss(cli, busy_cluster):
+    result = cli("top", "--once")
+    assert "validation loss" not in result.out
+    assert json.loads(cli("top", "--json").out)["job"]["val_loss"] is None
+
+
 def test_without_a_job_or_gpu_metrics_it_says_so(cli, cluster):
     cli.now = datetime.datetime.now(datetime.UTC)
     result = cli("top", "--once")
@@ -123,7 +143,7 @@ def test_the_tables_active_job_is_shown_even_when_another_job_has_a_newer_step(c
     # the table, not the metrics, names the job: two reads, no ListMetrics; the operator policy grants them
     assert [c for c in calls if c.startswith("dynamodb:")] == ["dynamodb:GetItem", "dynamodb:GetItem"]
     assert "monitoring:ListMetrics" not in calls
-    assert {c for c in calls if c.startswith("dynamodb:")} <= set(JOB_TABLE_ACTIONS)
+    assert {c for c in calls if c.startswith("dynamodb:")} <= set(OPERATOR_TABLE_ACTIONS)
 
 
 def test_a_restarting_job_shows_its_state_attempt_and_how_old_its_last_step_is(cli, busy_cluster, fakes):

@@ -45,6 +45,18 @@ def test_render_lays_out_nodes_job_and_cost():
     assert "tokens/s 1,250,000   MFU 41.5%" in text and "slowest/median x1.33 (rank 12)" in text
 
 
+def test_render_shows_the_newest_held_out_loss_only_for_a_job_that_has_one():
+    console = Console(width=150, color_system=None)
+    with console.capture() as capture:
+        console.print(render(view(val_loss=2.3456, val_perplexity=10.4398)))
+    lines = capture.get().splitlines()
+    (step,) = [i for i, line in enumerate(lines) if "step 500/2000 (25%)" in line]
+    assert "validation loss 2.3456   perplexity 10.44" in lines[step + 1]
+    with console.capture() as capture:
+        console.print(render(view()))
+    assert "validation loss" not in capture.get()
+
+
 def test_render_marks_idle_gpus_hot_gpus_and_efa_errors_in_red():
     console = Console(width=150, force_terminal=True, color_system="standard")
     with console.capture() as capture:

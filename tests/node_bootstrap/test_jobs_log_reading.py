@@ -21,6 +21,30 @@ def test_last_step_reads_prefixed_lines_and_ignores_noise(tmp_path):
     assert jobs.last_step(str(tmp_path / "missing.log")) is None
 
 
+def test_status_reads_the_last_held_out_loss_even_when_later_step_lines_have_none(node_factory):
+    node = node_factory("exit")
+    job_id = "j-val-1"
+    job_dir = node.root / "var/lib/cluster/jobs" / job_id
+    job_dir.mkdir(parents=True)
+    (job_dir / "status.json").write_text(json.dumps(
+        {"jobId": job_id, "state": "succeeded", "exitCode": 0, "startedAt": "2026-11-20T23:15:02Z",
+         "endedAt": "2026-11-20T23:45:02Z", "pid": 1, "supervisorPid": 1}))
+    (node.root / "var/log/cluster/jobs").mkdir(parents=True, exist_ok=True)
+    log = textwrap.dedent("""\
+        [rank0]: {"event": "step", "step": 100, "loss": 2.5, "val_loss": 2.75, "val_perplexity": 15.64}
+        {"event": "step", "step": 105, "rank": 8}
+        [rank0]: {"event": "step", "step": 110, "loss": 2.4}
+        [rank0]: {"event": "step", "step": 111, "loss": 2.3, "val_loss": 2.6
+        """)  # the last line is still being written: not read
+    (node.root / "var/log/cluster/jobs" / f"{job_id}.log").write_text(log)
+    out = json.loads(node.cli("status", "--job-id", job_id).stdout)
+    assert (out["lastStep"], out["lastLoss"]) == (110, 2.4)
+    assert (out["lastValStep"], out["lastValLoss"]) == (100, 2.75)
+    (node.root / "var/log/cluster/jobs" / f"{job_id}.log").write_text(log.split("\n")[2] + "\n")
+    out = json.loads(node.cli("status", "--job-id", job_id).stdout)
+    assert (out["lastValStep"], out["lastValLoss"]) == (None, None)
+
+
 # NCCL lines as NCCL and aws-ofi-nccl print them at NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT. Each line follows
 # a format string read in the sources (hosts, pids and versions are made up):
 # - NVIDIA/nccl src/debug.cc: INFO lines are "<host>:<pid>:<tid> [<cudaDev>] NCCL INFO <msg>", WARN lines

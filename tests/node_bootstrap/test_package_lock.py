@@ -20,7 +20,7 @@ def lock(body: str, fits: str = "# fits-torch: >=2.11,<2.14\n") -> str:
 
 def test_the_committed_lock_pins_torchao_for_torch_2_11_to_2_13():
     parsed = parse_lock((REPO / "training" / "node-requirements.txt").read_text())
-    assert [p.pin() for p in parsed.packages] == ["torchao==0.18.0"]
+    assert [p.pin() for p in parsed.packages] == ["torchao==0.18.0", "safetensors==0.8.0"]
     assert parsed.fp8_backends() == ["none", "torchao"]
     assert [parsed.torch_fits(v) for v in ("2.10.1", "2.11.0", "2.13.0+cu130", "2.13.1", "2.14.0", "2.14.0a0")] == [
         False, True, True, True, False, False]

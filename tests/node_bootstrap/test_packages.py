@@ -37,8 +37,9 @@ def test_first_boot_installs_the_lock_and_puts_it_first_on_the_path(fake_node, c
     target = Path(fake_node.path(f"{PACKAGES}/{key}"))
     assert len(key) == 16 and (target / "torchao/__init__.py").exists()
     marker = json.loads((target / MARKER_NAME).read_text())
-    assert marker["packages"] == {"torchao": "0.18.0"} and marker["torch"] == "2.13.0+cu130"
-    assert marker["wheels"] == ["torchao-0.18.0-cp310-abi3-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl"]
+    assert marker["packages"] == {"torchao": "0.18.0", "safetensors": "0.8.0"} and marker["torch"] == "2.13.0+cu130"
+    assert sorted(marker["wheels"]) == ["safetensors-0.8.0-cp310-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
+                                        "torchao-0.18.0-cp310-abi3-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl"]
     pth = Path(fake_node.path(f"{SITE}/{PTH_FILE_NAME}")).read_text()
     # ahead of the AMI's site-packages, so a torchao the AMI ships cannot shadow the lock's
     assert pth.startswith("import sys; sys.path.insert(") and repr(str(target)) in pth
@@ -93,7 +94,7 @@ def test_a_missing_wheel_is_named(fake_node, config):
 
 
 def test_a_wheel_with_another_hash_is_refused_before_pip_runs(fake_node, config):
-    [wheel] = Path(fake_node.path(WHEELHOUSE)).iterdir()
+    [wheel] = Path(fake_node.path(WHEELHOUSE)).glob("torchao-*.whl")
     wheel.unlink()
     wheel.write_bytes(b"not the wheel the lock pins")
     with pytest.raises(StepError, match=r"^torchao==0\.18\.0: hash mismatch: torchao-0\.18\.0-cp310-abi3-.*\.whl "

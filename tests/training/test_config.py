@@ -126,7 +126,8 @@ def test_to_dict_round_trips_through_the_dataclasses():
     cfg = load_config(None, ["run.steps=7"])
     data = cfg.to_dict()
     assert data["run"]["steps"] == 7 and data["model"]["preset"] == "tiny"
-    assert set(data) == {"run", "model", "parallel", "fp8", "data", "optim", "checkpoint", "metrics"}
+    assert set(data) == {"run", "model", "parallel", "fp8", "data", "optim", "checkpoint", "metrics",
+                         "validation", "init", "export"}
     assert TrainConfig().run.steps != 7  # defaults are per instance, not shared
 
 

@@ -106,6 +106,29 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
+def test_a_step_that_evaluated_the_held_out_loss_adds_it_and_its_perplexity(monkeypatch):
+    from training.validation import ValidationResult
+
+    record, out, err = log_one_step(monkeypatch, MetricsConfig(nvml=False), JOB_ENV,
+                                    validation=ValidationResult(step=40, loss=2.25, time_s=3.0))
+    (document,) = emf_lines(err)
+    assert document["ValidationLoss"] == 2.25 and document["ValidationPerplexity"] == pytest.approx(9.487735836)
+    units = {m["Name"]: m["Unit"] for m in document["_aws"]["CloudWatchMetrics"][0]["Metrics"]}
+    assert units["ValidationLoss"] == units["ValidationPerplexity"] == "None"
+    job_metrics = {(d["MetricName"], tuple(x["Name"] for x in d["Dimensions"])) for d in extracted_metrics(document)}
+    assert ("ValidationLoss", ("Cluster", "JobId")) in job_metrics
+    assert ("ValidationLoss", ("Cluster",)) not in job_metrics  # no alarm watches it
+    assert json.loads(out)["val_loss"] == record["val_loss"] == 2.25
+    # a step without an evaluation has neither; a perplexity past a float's range is left out, the loss stays
+    _, _, err = log_one_step(monkeypatch, MetricsConfig(nvml=False), JOB_ENV)
+    (document,) = emf_lines(err)
+    assert "ValidationLoss" not in document and "ValidationPerplexity" not in document
+    _, _, err = log_one_step(monkeypatch, MetricsConfig(nvml=False), JOB_ENV,
+                             validation=ValidationResult(step=40, loss=800.0, time_s=3.0))
+    (document,) = emf_lines(err)
+    assert document["ValidationLoss"] == 800.0 and "ValidationPerplexity" not in document
+
+
 @pytest.mark.slow
 def test_the_tiny_cpu_training_writes_emf_lines_in_a_job():
     # the README's `python -m training` (tiny-cpu.toml), shortened, as the job supervisor runs it

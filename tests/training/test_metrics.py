@@ -1,22 +1,17 @@
-"""Step records, the progress line, throughput/MFU arithmetic, and CloudWatch publishing (moto, Stubber)."""
+"""Step records, the progress line, throughput/MFU arithmetic, and the [metrics] settings."""
 
 from __future__ import annotations
 
 import io
 import json
-import logging
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-import boto3
 import pytest
 import torch
-from botocore.stub import ANY, Stubber
-from moto import mock_aws
 
+from training.config import load_config
 from training.errors import ConfigError
 from training.metrics import (
-    CloudWatchPublisher,
     GpuSampler,
     MetricsConfig,
     MetricsLogger,
@@ -94,83 +89,11 @@ def test_gpu_sampler_is_off_on_a_cpu():
     assert GpuSampler(torch.device("cpu"), enabled=True).sample() == {}
 
 
-# ---------------------------------------------------------------------------------------------------------
-CLOUDWATCH = MetricsConfig(cloudwatch=True, cloudwatch_namespace="Test/Training",
-                           cloudwatch_dimensions="Job=j-1, Cluster=p5", cloudwatch_flush_steps=2)
-
-
-def record(step: int, loss: float) -> dict:
-    return {"event": "step", "step": step, "loss": loss, "lr": 1e-3, "tokens_per_s": 1000.0, "tflops": 1.0,
-            "mfu": None, "step_time_s_max": 0.5, "grad_norm": 1.0, "mem_gib": 3.0}
-
-
-@mock_aws
-def test_cloudwatch_publishes_batched_step_metrics_with_dimensions():
-    client = boto3.client("cloudwatch", region_name="us-east-1")
-    calls = []
-    client.meta.events.register("provide-client-params.cloudwatch.PutMetricData",
-                                lambda params, **_: calls.append(len(params["MetricData"])))
-    publisher = CloudWatchPublisher(CLOUDWATCH, client=client)
-    for step, loss in ((1, 4.0), (2, 3.0), (3, 2.0)):
-        publisher.add(record(step, loss))
-    publisher.close()
-    # 7 metrics per step (mfu is None on a CPU); 2 steps per call, the last step flushed by close()
-    assert calls == [14, 7]
-    assert publisher.failures == 0
-    names = {m["MetricName"] for m in client.list_metrics(Namespace="Test/Training")["Metrics"]}
-    assert names == {"Loss", "LearningRate", "TokensPerSecond", "ModelTFLOPSPerGPU", "StepTimeMax",
-                     "GradNorm", "PeakMemoryGiB"}
-    now = datetime.now(timezone.utc)  # noqa: UP017
-    stats = client.get_metric_statistics(
-        Namespace="Test/Training", MetricName="Loss",
-        Dimensions=[{"Name": "Job", "Value": "j-1"}, {"Name": "Cluster", "Value": "p5"}],
-        StartTime=now - timedelta(minutes=5), EndTime=now + timedelta(minutes=5), Period=600,
-        Statistics=["Sum", "SampleCount"],
-    )
-    (point,) = stats["Datapoints"]
-    assert point["Sum"] == 9.0 and point["SampleCount"] == 3.0
-
-
-def test_cloudwatch_failures_are_logged_not_raised(caplog):
-    client = boto3.client("cloudwatch", region_name="us-east-1", aws_access_key_id="x",
-                          aws_secret_access_key="x")
-    stubber = Stubber(client)  # validates the request against the real service model
-    stubber.add_client_error("put_metric_data", service_error_code="Throttling", http_status_code=400,
-                             expected_params={"Namespace": "Test/Training", "MetricData": ANY})
-    with stubber, caplog.at_level(logging.WARNING, logger="training.metrics"):
-        publisher = CloudWatchPublisher(CLOUDWATCH, client=client)
-        publisher.add(record(1, float("nan")))  # NaN is dropped: PutMetricData rejects it
-        publisher.add(record(2, 3.0))
-        publisher.close()
-    stubber.assert_no_pending_responses()
-    assert publisher.failures == 1
-    assert "CloudWatch PutMetricData failed" in caplog.text and "Throttling" in caplog.text
-
-
-def test_the_logger_feeds_cloudwatch_on_rank_0():
-    sent = []
-
-    class Recorder:
-        def add(self, rec):
-            sent.append(rec["step"])
-
-        def close(self):
-            sent.append("closed")
-
-    metrics, _, _ = logger(cloudwatch=Recorder())
-    metrics.log_step(step=3, total_steps=3, loss=torch.tensor(1.0), lr=0.1, grad_norm=torch.tensor(1.0),
-                     step_time_s=0.1)
-    metrics.close()
-    assert sent == [3, "closed"]
-
-
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
         ({"cloudwatch_namespace": ""}, "metrics.cloudwatch_namespace='': allowed: a non-empty name"),
         ({"cloudwatch_namespace": "AWS/EC2"}, "metrics.cloudwatch_namespace='AWS/EC2'"),
-        ({"cloudwatch_dimensions": "Job"}, "metrics.cloudwatch_dimensions='Job': allowed: up to 30"),
-        ({"cloudwatch_flush_steps": 0}, "metrics.cloudwatch_flush_steps=0: allowed: an integer 1..100"),
     ],
 )
 def test_invalid_values_name_the_field(fields, message):
@@ -179,9 +102,23 @@ def test_invalid_values_name_the_field(fields, message):
     assert str(err.value).startswith(message)
 
 
-def test_dimensions_parse():
-    assert CLOUDWATCH.dimensions() == [{"Name": "Job", "Value": "j-1"}, {"Name": "Cluster", "Value": "p5"}]
-    assert MetricsConfig().dimensions() == []
+def test_publishing_from_the_job_is_refused_in_one_line_pointing_to_emf(tmp_path):
+    """Jobs have no AWS credentials (the metadata service is closed to the job user): PutMetricData from
+    the trainer cannot work on the cluster, so asking for it fails before a step, naming what does work."""
+    message = ("metrics.cloudwatch=true: allowed: false. Jobs have no AWS credentials (docs/security.md); step "
+               "metrics reach CloudWatch as EMF lines the nodes' CloudWatch agent ships: metrics.emf='auto' "
+               "(the default: on in cluster jobs) or 'on'")
+    with pytest.raises(ConfigError) as err:
+        MetricsConfig(cloudwatch=True).validate()
+    assert str(err.value) == message
+    config = Path(__file__).parents[2] / "training/configs/tiny-cpu.toml"
+    with pytest.raises(ConfigError) as err:
+        load_config(config, ["metrics.cloudwatch=true"])
+    assert str(err.value) == message
+    # the settings that only PutMetricData read are gone: a config that still sets one is told so
+    with pytest.raises(ConfigError, match=r"^metrics.cloudwatch_region: unknown key; allowed: "):
+        load_config(config, ["metrics.cloudwatch_region=us-east-1"])
+    assert load_config(config, ["metrics.cloudwatch=false"]).metrics.cloudwatch is False
 
 
 def test_local_rank_0_of_every_other_node_prints_a_short_step_line_for_its_supervisor():

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 
 EXTRA_STATE_SUFFIX = "._extra_state"  # nn.Module's key for get_extra_state/set_extra_state
@@ -53,6 +53,12 @@ def build_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> State:
     """The state to save (or to load into: the model's entries share storage with its parameters)."""
     model_sd, optim_sd = get_state_dict(model, optimizer)
     return {"model": _plain_model_state(model_sd), "optim": _plain_tree(optim_sd, "optim")}
+
+
+def model_state(model: nn.Module) -> dict[str, Any]:
+    """The model's part of ``build_state`` alone (its tensors share storage with the parameters, FP8 weight
+    wrappers unwrapped): what a load of other weights (training.hf.load) reads into."""
+    return _plain_model_state(get_model_state_dict(model))
 
 
 def load_into(model: nn.Module, optimizer: torch.optim.Optimizer, state: State) -> None:

@@ -1,0 +1,212 @@
+"""The held-out loss ([validation], training/validation.py) in one process: its settings, the held-out set each
+rank reads, and an evaluation that repeats exactly and leaves the model and the random streams as they were.
+The 2-rank runs (every rank's value, training unchanged, a bit-exact resume) are in test_validation_torchrun.py."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch.distributed.tensor import DTensor
+
+from training.config import load_config
+from training.config_sections import DataConfig, Fp8Config, ModelConfig, ParallelConfig, ValidationConfig
+from training.errors import ConfigError
+from training.fp8 import build_fp8_backend
+from training.loss import cross_entropy_loss
+from training.metrics import MetricsConfig, MetricsLogger, ThroughputModel
+from training.shards import ShardWriter
+from training.train import build_model
+from training.validation import ValidationResult, Validator, build_validator, open_validation_shards
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+BYTE_TOKENIZER = {"kind": "byte", "vocab_size": 257, "eos_id": 256}
+
+
+def write_shards(path, tokens, *, vocab_size=257, eos_id=256, tokenizer=BYTE_TOKENIZER):
+    path.mkdir(exist_ok=True)
+    writer = ShardWriter(path, vocab_size=vocab_size, eos_id=eos_id, tokenizer=tokenizer, shard_size_tokens=300)
+    writer.add_document(tokens)
+    writer.finish()
+    return path
+
+
+@pytest.fixture(scope="module")
+def held_out(tmp_path_factory):
+    """1001 tokens whose value at stream position p is p % 251: 31 windows of 32 + 1 tokens."""
+    return write_shards(tmp_path_factory.mktemp("held-out"), np.arange(1000) % 251)
+
+
+# ----- settings ---------------------------------------------------------------------------------------------
+def test_validation_is_off_by_default_and_on_with_all_three_settings(held_out):
+    assert not load_config(None).validation.enabled
+    cfg = load_config(None, [f"validation.path={held_out}", "validation.interval_steps=50",
+                             "validation.batches=4"])
+    assert cfg.validation == ValidationConfig(path=str(held_out), interval_steps=50, batches=4)
+    assert cfg.validation.enabled and cfg.to_dict()["validation"]["batches"] == 4
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["validation.path=/fsx/data/held-out", "validation.batches=4"],
+     "validation.interval_steps=0: allowed: an integer >= 1 (with validation.path set)"),
+    (["validation.path=/fsx/data/held-out", "validation.interval_steps=-5", "validation.batches=4"],
+     "validation.interval_steps=-5: allowed: an integer >= 1 (with validation.path set)"),
+    (["validation.path=/fsx/data/held-out", "validation.interval_steps=50", "validation.batches=0"],
+     "validation.batches=0: allowed: an integer >= 1 (with validation.path set)"),
+    (["validation.interval_steps=50"],
+     "validation.path='': allowed: a held-out shard directory (with index.json) when validation.interval_steps "
+     "is set (50)"),
+    (["validation.batches=2.5"], "validation.batches=2.5: allowed: an integer"),
+    (["validation.every=5"], "validation.every: unknown key; allowed: path, interval_steps, batches"),
+])
+def test_bad_settings_are_one_line_naming_the_field(overrides, message):
+    # load_config is what clusterctl submit runs offline, without torch: these fail before anything is sent
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, overrides)
+    assert str(caught.value) == message
+
+
+# ----- the held-out set -------------------------------------------------------------------------------------
+def validator(path, *, rank=0, world_size=2, batches=3, micro_batch_size=2, seq_len=32):
+    cfg = ValidationConfig(path=str(path), interval_steps=10, batches=batches)
+    shards = open_validation_shards(cfg, vocab_size=320, data=DataConfig())
+    return Validator(cfg, shards, seq_len=seq_len, micro_batch_size=micro_batch_size, rank=rank,
+                     world_size=world_size)
+
+
+def window_numbers(v: Validator, seq_len=32) -> list[int]:
+    """The stream windows of a validator's batches: the token at position p < 1000 is p % 251, so a window's
+    first token names it (32 w mod 251 differs for every w < 251)."""
+    found = []
+    for inputs, targets in v.batches:
+        assert torch.equal(inputs[:, 1:], targets[:, :-1])
+        for row in inputs:
+            (window,) = [w for w in range(31) if w * seq_len % 251 == int(row[0])]
+            assert np.array_equal(row.numpy(), np.arange(window * seq_len, (window + 1) * seq_len) % 251)
+            found.append(window)
+    return found
+
+
+def test_the_ranks_read_disjoint_parts_of_one_fixed_set_spread_over_the_stream(held_out):
+    rank0, rank1 = validator(held_out, rank=0), validator(held_out, rank=1)
+    assert len(rank0.batches) == 3 and rank0.batches[0][0].shape == (2, 32)
+    a, b = window_numbers(rank0), window_numbers(rank1)
+    assert len(set(a)) == len(set(b)) == 6 and not set(a) & set(b)
+    assert window_numbers(validator(held_out, rank=0)) == a  # built again: the same windows
+    assert max(a + b) > 12  # not just the stream's first 12 windows: spread over all 31
+    # one rank alone reads the same set as the two together (world size 1, twice the batches)
+    assert set(window_numbers(validator(held_out, world_size=1, batches=6))) == set(a) | set(b)
+
+
+def test_a_set_larger_than_the_held_out_stream_names_batches(held_out):
+    with pytest.raises(ConfigError) as caught:
+        validator(held_out, batches=8)
+    assert str(caught.value) == (
+        f"validation.batches=8: needs 8 x run.micro_batch_size 2 x 2 ranks = 32 windows of run.seq_len + 1 = 33 "
+        f"tokens; validation.path={str(held_out)!r} holds 31; allowed: at most 7")
+
+
+def test_held_out_shards_that_do_not_fit_the_model_or_the_training_data(held_out, tmp_path):
+    cfg = ValidationConfig(path=str(tmp_path / "missing"), interval_steps=10, batches=1)
+    with pytest.raises(ConfigError, match=r"^validation.path='.*missing': not a usable shard directory: .*is not "
+                                          r"a directory"):
+        open_validation_shards(cfg, vocab_size=320, data=DataConfig())
+    cfg = ValidationConfig(path=str(held_out), interval_steps=10, batches=1)
+    with pytest.raises(ConfigError) as caught:
+        open_validation_shards(cfg, vocab_size=256, data=DataConfig())
+    assert str(caught.value) == (f"validation.path={str(held_out)!r}: vocab_size=257 in its index; allowed: at "
+                                 "most model.vocab_size=256")
+    other = {"kind": "tokenizer.json", "sha256": "ab" * 32, "vocab_size": 300, "eos_id": 0}
+    train = write_shards(tmp_path / "train-300", np.arange(500) % 300, vocab_size=300, eos_id=0, tokenizer=other)
+    with pytest.raises(ConfigError) as caught:
+        open_validation_shards(cfg, vocab_size=320, data=DataConfig(source="shards", path=str(train)))
+    assert str(caught.value) == (
+        f"validation.path={str(held_out)!r}: vocab_size=257, but the training shards' is 300; allowed: held-out "
+        f"shards prepared with the tokenizer of data.path={str(train)!r}")
+    same_size = write_shards(tmp_path / "train-257", np.arange(500) % 251,
+                             tokenizer={**other, "vocab_size": 257, "eos_id": 256})
+    with pytest.raises(ConfigError, match="tokenizer kind='byte', but the training shards' is 'tokenizer.json'"):
+        open_validation_shards(cfg, vocab_size=320, data=DataConfig(source="shards", path=str(same_size)))
+    byte_train = write_shards(tmp_path / "train-bytes", np.arange(500) % 251)
+    assert open_validation_shards(cfg, vocab_size=320, data=DataConfig(source="shards", path=str(byte_train)))
+
+
+def test_build_validator_is_none_without_a_path_and_raises_a_rank_s_error(held_out):
+    assert build_validator(load_config(None), rank=0, world_size=1) is None
+    cfg = load_config(None, [f"validation.path={held_out}", "validation.interval_steps=5",
+                             "validation.batches=99"])
+    with pytest.raises(ConfigError, match=r"^validation.batches=99: needs"):
+        build_validator(cfg, rank=0, world_size=1)
+
+
+# ----- an evaluation ----------------------------------------------------------------------------------------
+TINY = ModelConfig(**{"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 192, "vocab_size": 320})
+
+
+@pytest.fixture(scope="module")
+def model(dist_info):
+    return build_model(TINY, ParallelConfig(), build_fp8_backend(Fp8Config()), dist_info, seed=3)
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def test_an_evaluation_repeats_exactly_and_changes_nothing(model, held_out, dist_info):
+    v = validator(held_out, world_size=1, batches=4)
+    before = {k: local(t).clone() for k, t in model.state_dict().items()}
+    torch.manual_seed(1234)
+    rng = torch.get_rng_state()
+    first = v.evaluate(model, step=10, device=dist_info.device)
+    assert torch.equal(torch.get_rng_state(), rng)  # the training streams are where they were
+    second = v.evaluate(model, step=20, device=dist_info.device)
+    assert first.loss == second.loss and (first.step, second.step) == (10, 20)
+    assert model.training  # back in train mode
+    assert all(p.grad is None for p in model.parameters())
+    for key, tensor in model.state_dict().items():
+        assert torch.equal(local(tensor), before[key]), key
+    # training's loss, batch by batch: cross-entropy on the full logits, the mean of the batch means
+    with torch.no_grad():
+        expected = [float(cross_entropy_loss(model(x), y)) for x, y in v.batches]
+    assert first.loss == pytest.approx(sum(expected) / 4, rel=1e-6)
+    assert math.log(320) - 1 < first.loss < math.log(320) + 1  # an untrained model: about ln(vocab)
+    assert first.perplexity == pytest.approx(math.exp(first.loss))
+
+
+def test_the_fused_loss_gives_the_same_held_out_loss(model, held_out, dist_info):
+    full = validator(held_out, world_size=1, batches=2)
+    fused = Validator(full.cfg, open_validation_shards(full.cfg, vocab_size=320, data=DataConfig()), seq_len=32,
+                      micro_batch_size=2, rank=0, world_size=1, loss_chunk_tokens=24)
+    a = full.evaluate(model, step=1, device=dist_info.device)
+    b = fused.evaluate(model, step=1, device=dist_info.device)
+    assert b.loss == pytest.approx(a.loss, rel=1e-6)
+
+
+def test_due_every_interval_and_after_the_last_step(held_out):
+    v = validator(held_out)  # interval_steps=10
+    assert [s for s in range(1, 36) if v.due(s, 35)] == [10, 20, 30, 35]
+
+
+# ----- the step record --------------------------------------------------------------------------------------
+def test_the_step_record_carries_the_held_out_loss_only_where_it_was_evaluated():
+    out, err = io.StringIO(), io.StringIO()
+    model = ThroughputModel(tokens_per_step=512, world_size=1, flops_per_token=1e6, peak_tflops_per_gpu=None)
+    metrics = MetricsLogger(MetricsConfig(nvml=False, emf="off"), rank=0, world_size=1, device=torch.device("cpu"),
+                            model=model, stdout=out, stderr=err)
+    common = {"total_steps": 100, "loss": torch.tensor(2.5), "lr": 1e-4, "grad_norm": torch.tensor(1.0),
+              "step_time_s": 0.5}
+    metrics.log_step(step=9, **common)
+    metrics.log_step(step=10, validation=ValidationResult(step=10, loss=2.0, time_s=0.25), **common)
+    metrics.log_step(step=11, validation=ValidationResult(step=11, loss=1000.0, time_s=0.25), **common)
+    plain, evaluated, diverged = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert "val_loss" not in plain and "val_perplexity" not in plain
+    assert evaluated["val_loss"] == 2.0 and evaluated["val_perplexity"] == pytest.approx(math.exp(2.0))
+    assert evaluated["val_time_s"] == 0.25
+    assert diverged["val_loss"] == 1000.0 and diverged["val_perplexity"] is None  # inf: strict JSON has none
+    progress = err.getvalue().splitlines()
+    assert "val_loss" not in progress[0] and progress[1].endswith("val_loss 2.0000 (perplexity 7.39)")

@@ -1,0 +1,151 @@
+"""The held-out loss on real ``torchrun --nproc_per_node=2`` runs (gloo, FSDP2, the tiny model, synthetic
+training data, held-out byte shards): the same value on every rank and for the same weights in every run, and
+training exactly as without it, straight and across a resume, in bf16 and with torchao's FP8 (emulated). Six
+starts, shared by the assertions, and one single-process start that a bad held-out directory stops."""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torchrun_support import REPO, Run, env, load_checkpoint, torchrun
+
+from training.checkpoint.state import iter_leaves
+from training.shards import ShardWriter
+
+pytestmark = pytest.mark.slow
+
+# warmup_steps=10 > 6 and min_lr = lr: every step's learning rate is the same whether the run was planned for 3
+# or 6 steps, so the split run can be compared with the straight one step by step
+COMMON = ["optim.warmup_steps=10", "optim.min_lr=3e-3", "checkpoint.async_save=false"]
+# Rank 0 alone logs INFO; this entry logs the evaluation's line on every rank, so the test can compare them.
+EVERY_RANK = """
+import logging
+import sys
+
+from training.__main__ import main
+
+logging.getLogger("training.validation").setLevel(logging.INFO)
+sys.exit(main())
+"""
+EVALUATED = re.compile(r"\[rank (\d)\] INFO training\.validation: validation after step (\d+): loss (\S+),")
+
+
+@pytest.fixture(scope="module")
+def validation_on(tmp_path_factory) -> list[str]:
+    """The [validation] overrides, on held-out byte shards: 6 x 401 tokens, 75 windows of 33, of which 2
+    batches x 4 samples x 2 ranks are read."""
+    held_out = tmp_path_factory.mktemp("held-out")
+    writer = ShardWriter(held_out, vocab_size=257, eos_id=256, tokenizer={"kind": "byte"}, shard_size_tokens=1000)
+    for i in range(6):
+        writer.add_document(np.frombuffer(f"held-out document {i}: ".encode() * 20, dtype=np.uint8)[:400])
+    writer.finish()
+    return [f"validation.path={held_out}", "validation.interval_steps=2", "validation.batches=2"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, validation_on) -> dict[str, tuple[Run, Path]]:
+    root = tmp_path_factory.mktemp("validation")
+    entry = root / "every_rank.py"
+    entry.write_text(EVERY_RANK)
+
+    def start(name: str, overrides: list[str], resume: str = "none") -> tuple[Run, Path]:
+        directory = root / name
+        run = torchrun(COMMON + overrides + [f"checkpoint.dir={directory}"], resume=resume, entry=(str(entry),))
+        assert run.returncode == 0, run.output
+        return run, directory
+
+    return {
+        "off": start("off", ["run.steps=6"]),
+        "on": start("on", ["run.steps=6", *validation_on]),
+        "first": start("split", ["run.steps=3", *validation_on]),
+        "second": start("split", ["run.steps=6", *validation_on], resume="auto"),
+    }
+
+
+@pytest.fixture(scope="module")
+def fp8_runs(tmp_path_factory, validation_on) -> dict[str, tuple[Run, Path]]:
+    """torchao FP8 (emulated) with its FP8 all-gather, whose scales are derived after each optimizer step: 6
+    steps without and with validation."""
+    pytest.importorskip("torchao")
+    root = tmp_path_factory.mktemp("validation-fp8")
+    fp8 = ["fp8.backend=torchao", "fp8.emulate=true", "fp8.torchao_recipe=tensorwise",
+           "fp8.fsdp_float8_all_gather=true", "run.steps=6"]
+    started = {}
+    for name, extra in (("off", []), ("on", validation_on)):
+        run = torchrun(COMMON + fp8 + extra + [f"checkpoint.dir={root / name}"], resume="none")
+        assert run.returncode == 0, run.output
+        started[name] = (run, root / name)
+    return started
+
+
+def assert_same_state(a_dir: Path, b_dir: Path, tmp_path: Path) -> None:
+    a = dict(iter_leaves(load_checkpoint(a_dir / "step-6", tmp_path)))
+    b = dict(iter_leaves(load_checkpoint(b_dir / "step-6", tmp_path)))
+    assert a.keys() == b.keys() and any(k.startswith("optim.state.") for k in a)
+    for key, value in a.items():
+        assert torch.equal(value, b[key]) if isinstance(value, torch.Tensor) else value == b[key], key
+
+
+def held_out(run: Run) -> dict[int, float]:
+    return {s["step"]: s["val_loss"] for s in run.steps if "val_loss" in s}
+
+
+def test_training_is_bit_identical_with_validation_on(runs, tmp_path):
+    (off, off_dir), (on, on_dir) = runs["off"], runs["on"]
+    assert sorted(off.losses) == list(range(1, 7))
+    assert on.losses == off.losses and on.grad_norms == off.grad_norms  # exactly equal floats
+    assert held_out(off) == {}
+    assert_same_state(off_dir, on_dir, tmp_path)
+
+
+def test_fp8_training_is_bit_identical_with_validation_on(fp8_runs, tmp_path):
+    (off, off_dir), (on, on_dir) = fp8_runs["off"], fp8_runs["on"]
+    assert sorted(off.losses) == list(range(1, 7)) and sorted(held_out(on)) == [2, 4, 6]
+    assert on.losses == off.losses and on.grad_norms == off.grad_norms
+    assert_same_state(off_dir, on_dir, tmp_path)
+
+
+def test_a_resume_with_validation_on_stays_bit_exact(runs, tmp_path):
+    (on, on_dir), (first, _), (second, split_dir) = runs["on"], runs["first"], runs["second"]
+    assert second.resumes[0]["step"] == 3
+    assert {**first.losses, **second.losses} == on.losses
+    # the first part evaluated after its last step (3), which the straight run did not: it changed nothing
+    assert sorted(held_out(first)) == [2, 3] and sorted(held_out(second)) == [4, 6]
+    assert_same_state(on_dir, split_dir, tmp_path)
+
+
+def test_every_interval_and_the_end_the_same_value_on_every_rank_and_for_the_same_weights(runs):
+    on, first, second = runs["on"][0], runs["first"][0], runs["second"][0]
+    losses = held_out(on)
+    assert sorted(losses) == [2, 4, 6]
+    # the same weights (the runs are bit-identical) give the same held-out loss in another run and start
+    assert (held_out(first)[2], held_out(second)[4], held_out(second)[6]) == (losses[2], losses[4], losses[6])
+    assert losses[2] != losses[4]  # and other weights another one
+    for run in (on, first, second):
+        logged = {}
+        for rank, step, loss in EVALUATED.findall(run.output):
+            logged.setdefault(int(step), {})[int(rank)] = float(loss)
+        assert {step: set(by_rank) for step, by_rank in logged.items()} == {s: {0, 1} for s in held_out(run)}
+        for step, by_rank in logged.items():
+            assert by_rank[0] == by_rank[1] == held_out(run)[step], (step, by_rank)
+        for record in (s for s in run.steps if "val_loss" in s):
+            assert record["val_perplexity"] == pytest.approx(math.exp(record["val_loss"]))
+            assert record["val_time_s"] > 0
+
+
+def test_a_missing_held_out_directory_stops_start_up_with_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "training", "--set", "run.steps=2", "--set",
+                           f"validation.path={tmp_path}/nowhere", "--set", "validation.interval_steps=1", "--set",
+                           "validation.batches=1"], cwd=REPO, env=env(), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    (line,) = [x for x in proc.stderr.splitlines() if x.startswith("config error")]
+    assert line.startswith(f"config error: validation.path='{tmp_path}/nowhere': not a usable shard directory")
+    assert '"event": "step"' not in proc.stdout

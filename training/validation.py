@@ -1,0 +1,188 @@
+"""The held-out loss (``[validation]``): the mean loss of a fixed set of held-out samples, the same ones at every
+evaluation, each data-parallel rank on its own part, reduced so that every rank gets the same value.
+
+The set: the held-out shards' token stream cut into windows of seq_len + 1 tokens (as training cuts its
+shards), of which the first ``batches x micro_batch_size x world_size`` in a fixed pseudo-random order
+(data.permute with a constant seed, so the windows are spread over the whole held-out stream and are the same
+whatever run.seed is). Micro-batch b of rank r holds order positions ``(b x world_size + r) x micro_batch_size
++ i``, the layout training uses for its steps. Each rank reads its tokens once, at start-up, where a bad
+setting fails before any step.
+
+An evaluation must leave training exactly as it was (tests/training/test_validation_torchrun.py compares the
+losses and the final weights, bit for bit, with a run without validation and across a resume):
+- it reads no training batch: the training loader's order is a function of the step alone (training.data);
+- it runs in eval mode under no_grad (no gradient, no autograd state) and restores the mode after;
+- the FP8 modules run outside the backend's autocast: Transformer Engine's delayed scaling updates its amax
+  history in every forward under its autocast, which would change the next training step; torchao's dynamic
+  scaling keeps no state. So the held-out loss of an FP8 run comes from the same weights in bf16;
+- the random number generators are forked around it (torch.random.fork_rng), so nothing it might draw shifts
+  the streams training draws from.
+The loss is training's: cross-entropy on the full fp32 logits, or fused with the output head over
+``parallel.loss_chunk_tokens`` (training.loss).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from training.config import TrainConfig
+from training.config_sections import DataConfig, ValidationConfig
+from training.data import Batch, permute
+from training.errors import ConfigError
+from training.loss import cross_entropy_loss
+from training.shards import ShardFormatError, TokenShards, open_shards
+
+log = logging.getLogger(__name__)
+
+ORDER_SEED = 0x7A11D  # the held-out windows' order: a constant, so runs with other seeds see the same set
+
+
+@dataclass(frozen=True)
+class ValidationResult:
+    """One evaluation, the same on every rank."""
+
+    step: int  # completed optimizer steps when it ran
+    loss: float  # mean token cross-entropy over the whole held-out set (nats)
+    time_s: float  # wall time of the evaluation on this rank
+
+    @property
+    def perplexity(self) -> float:
+        """exp(loss); inf where that overflows a float (a diverged model)."""
+        return math.exp(self.loss) if self.loss < 709.0 else math.inf
+
+
+def open_validation_shards(cfg: ValidationConfig, *, vocab_size: int, data: DataConfig) -> TokenShards:
+    """The held-out shard directory, checked against its index, the model's vocabulary and, when training reads
+    shards too, their tokenizer: a held-out loss over other token ids measures nothing."""
+    try:
+        shards = open_shards(cfg.path)
+    except ShardFormatError as exc:
+        raise ConfigError(f"validation.path={cfg.path!r}: not a usable shard directory: {exc}") from exc
+    if shards.vocab_size > vocab_size:
+        raise ConfigError(f"validation.path={cfg.path!r}: vocab_size={shards.vocab_size} in its index; allowed: "
+                          f"at most model.vocab_size={vocab_size}")
+    if data.source == "shards":
+        train = open_shards(data.path)  # valid: preflight opened it before
+        mismatch = _tokenizer_mismatch(shards, train)
+        if mismatch:
+            raise ConfigError(f"validation.path={cfg.path!r}: {mismatch}; allowed: held-out shards prepared with "
+                              f"the tokenizer of data.path={data.path!r}")
+    return shards
+
+
+def _tokenizer_mismatch(held_out: TokenShards, train: TokenShards) -> str:
+    """What differs between the two indexes' tokenizers ("" when nothing does): vocab_size, eos_id and, where
+    both recorded one, the tokenizer.json's sha256 and kind."""
+    if held_out.vocab_size != train.vocab_size:
+        return f"vocab_size={held_out.vocab_size}, but the training shards' is {train.vocab_size}"
+    if held_out.eos_id != train.eos_id:
+        return f"eos_id={held_out.eos_id}, but the training shards' is {train.eos_id}"
+    for key in ("kind", "sha256"):
+        a, b = held_out.tokenizer.get(key), train.tokenizer.get(key)
+        if a is not None and b is not None and a != b:
+            return f"tokenizer {key}={a!r}, but the training shards' is {b!r}"
+    return ""
+
+
+class Validator:
+    """This rank's part of the held-out set, read once, and the evaluation over it."""
+
+    def __init__(self, cfg: ValidationConfig, shards: TokenShards, *, seq_len: int, micro_batch_size: int,
+                 rank: int, world_size: int, loss_chunk_tokens: int = 0):
+        self.cfg = cfg
+        self.world_size = world_size
+        self.loss_chunk_tokens = loss_chunk_tokens
+        num_windows = (shards.num_tokens - 1) // seq_len
+        needed = cfg.batches * micro_batch_size * world_size
+        if needed > num_windows:
+            most = num_windows // (micro_batch_size * world_size)
+            raise ConfigError(
+                f"validation.batches={cfg.batches}: needs {cfg.batches} x run.micro_batch_size "
+                f"{micro_batch_size} x {world_size} ranks = {needed} windows of run.seq_len + 1 = {seq_len + 1} "
+                f"tokens; validation.path={cfg.path!r} holds {num_windows}; allowed: at most {most}"
+            )
+        order = permute(np.arange(needed, dtype=np.int64), num_windows, seed=ORDER_SEED, epoch=0)
+        self.batches: list[Batch] = []
+        for b in range(cfg.batches):
+            first = (b * world_size + rank) * micro_batch_size
+            windows = order[first:first + micro_batch_size]
+            tokens = np.stack([shards.read(int(w) * seq_len, seq_len + 1) for w in windows])
+            if int(tokens.max()) >= shards.vocab_size:  # an id past the embedding: a device assert on a GPU
+                raise ConfigError(
+                    f"validation.path={cfg.path!r}: token id {int(tokens.max())} in batch {b}; allowed: ids "
+                    f"below the index's vocab_size={shards.vocab_size}"
+                )
+            window = torch.from_numpy(tokens)
+            self.batches.append((window[:, :-1].contiguous(), window[:, 1:].contiguous()))
+
+    def due(self, done: int, total_steps: int) -> bool:
+        """Whether to evaluate after ``done`` completed steps: every interval_steps, and after the last."""
+        return done % self.cfg.interval_steps == 0 or done == total_steps
+
+    def evaluate(self, model: nn.Module, *, step: int, device: torch.device) -> ValidationResult:
+        """The mean loss over the whole set with the current weights. Collective: every rank calls it."""
+        started = time.perf_counter()
+        was_training = model.training
+        total = torch.zeros((), dtype=torch.float64, device=device)
+        devices = [device.index or 0] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices, device_type=device.type if devices else None), torch.no_grad():
+            model.eval()
+            try:
+                for inputs, targets in self.batches:
+                    total += self._loss(model, inputs.to(device), targets.to(device)).double()
+            finally:
+                model.train(was_training)
+        # every batch has the same token count: the mean of the batch means is the mean over all tokens. Every
+        # rank gathers the same per-rank sums and adds them exactly (fsum), so all ranks hold the same bits.
+        sums = _gather(total.reshape(1), self.world_size)
+        loss = math.fsum(sums) / (len(self.batches) * self.world_size)
+        result = ValidationResult(step=step, loss=loss, time_s=time.perf_counter() - started)
+        log.info("validation after step %d: loss %r, perplexity %.4f (%.2f s)", step, result.loss,
+                 result.perplexity, result.time_s)
+        return result
+
+    def _loss(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        # training's loss (train._forward_backward), without the FP8 autocast: see the module docstring
+        if self.loss_chunk_tokens > 0:
+            return model(inputs, targets, loss_chunk_tokens=self.loss_chunk_tokens)
+        return cross_entropy_loss(model(inputs), targets)
+
+
+def _gather(local: torch.Tensor, world_size: int) -> list[float]:
+    if world_size > 1 and dist.is_available() and dist.is_initialized():
+        gathered = [torch.empty_like(local) for _ in range(world_size)]
+        dist.all_gather(gathered, local)
+        return [float(t.item()) for t in gathered]
+    return [float(local.item())]
+
+
+def build_validator(cfg: TrainConfig, *, rank: int, world_size: int) -> Validator | None:
+    """The Validator for a TrainConfig ``cfg`` on this rank; None without a validation.path. Collective: a
+    ConfigError on any rank (a bad token id in its part, a path missing on its node) is raised on every rank,
+    so none is left waiting in the next collective until its timeout."""
+    if not cfg.validation.enabled:
+        return None
+    validator, error = None, None
+    try:
+        shards = open_validation_shards(cfg.validation, vocab_size=cfg.model.vocab_size, data=cfg.data)
+        validator = Validator(cfg.validation, shards, seq_len=cfg.run.seq_len,
+                              micro_batch_size=cfg.run.micro_batch_size, rank=rank, world_size=world_size,
+                              loss_chunk_tokens=cfg.parallel.loss_chunk_tokens)
+    except ConfigError as exc:
+        error = str(exc)
+    errors: list[str | None] = [error]
+    if world_size > 1 and dist.is_available() and dist.is_initialized():
+        errors = [None] * world_size
+        dist.all_gather_object(errors, error)
+    first = next((e for e in errors if e), None)
+    if first is not None:
+        raise ConfigError(first)
+    return validator
