@@ -72,17 +72,20 @@ class FakeNode:
         python.chmod(0o755)
 
     def run(self, *args):
-        result = subprocess.run(
+        result = self.invoke(*args)
+        return result.stdout, result.returncode
+
+    def invoke(self, *args):
+        return subprocess.run(
             [sys.executable, "-m", "node_bootstrap.jobs", "--root", str(self.root), *args],
             cwd=REPO,
             capture_output=True,
             text=True,
             timeout=60,
         )
-        return result.stdout, result.returncode
 
     def start(self, *module_args):
-        self.run(
+        result = self.invoke(
             "start",
             "--job-id",
             JOB,
@@ -96,6 +99,9 @@ class FakeNode:
             "--launcher",
             "direct",
         )
+        # a start that failed leaves no status.json: say why here, not as a missing file in wait_ended
+        assert result.returncode == 0, (
+            f"start on the stand-in node exited {result.returncode}: {result.stdout} {result.stderr}")
 
     def wait_ended(self):
         status_path = self.root / "var/lib/cluster/jobs" / JOB / "status.json"

@@ -86,6 +86,9 @@ def test_json_has_the_numbers_and_the_versions(bench_run):
     assert none["tflops"] == pytest.approx(data["flops_per_token"] * none["tokens_per_s"] / 1e12)
     assert none["tokens_per_s"] == pytest.approx(8 * 32 / (none["step_time_ms"] / 1000))
     assert none["peak_memory_gib"] > 0 and 4.5 < none["final_loss"] < 7.5
+    # the build and the warm-up (the compile, with --compile) are timed apart from the timed steps
+    assert none["warmup_s"] > 0 and results["torchao-tensorwise"]["warmup_s"] > 0
+    assert results["te-delayed"]["warmup_s"] is None  # skipped: nothing was built
     assert results["torchao-tensorwise"]["status"] == "ok"
     assert results["te-delayed"]["status"] == "skipped" and "pip install" in results["te-delayed"]["reason"]
     assert results["titan:none"]["status"] == "skipped" and none["vs_torchtitan"] is None
@@ -105,6 +108,16 @@ def test_the_fused_loss_row_says_so_and_trains_like_the_full_logits(bench_run, t
     fused = data["results"][0]
     full = next(r for r in bench_run[1]["results"] if r["backend"] == "none")
     assert fused["backend"] == "none" and fused["final_loss"] == pytest.approx(full["final_loss"], rel=1e-5)
+
+
+def test_torchtitan_only_trains_only_torchtitans_rows(tmp_path):
+    """--torchtitan-only: the rows --compare-torchtitan adds, without ours (measured in another run)."""
+    out = tmp_path / "titan.json"
+    result = run_bench("--steps", "1", "--warmup-steps", "0", "--seq-len", "16", "--backends", "none,torchao",
+                       "--torchtitan-only", "--json", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads(out.read_text())["results"]
+    assert [r["backend"] for r in rows] == ["titan:none", "titan:torchao-tensorwise"]
 
 
 def test_a_negative_loss_chunk_is_a_usage_error(capsys):
@@ -183,6 +196,7 @@ def test_help_lists_the_documented_options():
         "--json",
         "--torchao-recipes",
         "--compare-torchtitan",
+        "--torchtitan-only",
         "--sdpa-priority",
         "--fp8-all-gather",
         "--profile",

@@ -67,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
         "torchtitan) and report our tokens/s over theirs; says so when torchtitan is not installed",
     )
     parser.add_argument(
+        "--torchtitan-only",
+        action="store_true",
+        help="train only torchtitan's rows of --compare-torchtitan (ours measured in another run: "
+        "benchmarks/scripts/h100_check.sh compares the two JSON files)",
+    )
+    parser.add_argument(
         "--sdpa-priority",
         choices=list(SDPA_PRIORITIES),
         default="cudnn",
@@ -99,7 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
         "output head fused with the loss over chunks of N tokens (default: 0); torchtitan's rows always keep "
         "their own loss on the full logits",
     )
-    parser.add_argument("--json", type=Path, metavar="PATH", help="also write the results as JSON to PATH")
+    parser.add_argument(
+        "--json", type=Path, metavar="PATH",
+        help="also write the results as JSON to PATH (after every row: a run stopped early keeps its rows)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the random tokens")
     return parser
 
@@ -132,8 +141,10 @@ def main(argv: list[str] | None = None) -> int:
         backends,
         torchao_recipes or (["tensorwise", "rowwise"] if on_gpu else ["tensorwise"]),
         te_recipes,
-        compare_torchtitan=args.compare_torchtitan,
+        compare_torchtitan=args.compare_torchtitan or args.torchtitan_only,
     )
+    if args.torchtitan_only:
+        variants = [v for v in variants if v.torchtitan]
     fp8_all_gather = {"on": True, "off": False, "auto": info.world_size > 1}[args.fp8_all_gather]
     preset = args.preset or ("1b" if on_gpu else "tiny")
     seq_len = args.seq_len or (4096 if on_gpu else 128)
@@ -187,14 +198,23 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bench: {r.backend}: {r.status} {format_number(r.tokens_per_s, '.1f')} tokens/s "
                   f"{format_number(r.mfu and 100 * r.mfu, '.1f', '%')} MFU {r.reason}",
                   file=sys.stderr, flush=True)
+            if args.json:  # after every row: a run killed at a time limit keeps the rows it finished
+                _write_json(args.json, header, variants[: len(results)], results)
     finally:
         destroy_distributed()
     header["versions"] = software_versions()
     add_torchtitan_ratios(variants, results)
     print(format_table(header, results))
     if args.json:
-        args.json.write_text(json.dumps({**header, "results": [asdict(r) for r in results]}, indent=2) + "\n")
+        _write_json(args.json, header, variants, results)
     return 1 if any(r.status == "failed" for r in results) else 0
+
+
+def _write_json(path: Path, header: dict, variants: list, results: list) -> None:
+    """The record so far: the header with the versions imported by now, and each row measured."""
+    header["versions"] = software_versions()
+    add_torchtitan_ratios(variants, results)
+    path.write_text(json.dumps({**header, "results": [asdict(r) for r in results]}, indent=2) + "\n")
 
 
 def _parse_backends(text: str) -> list[str]:

@@ -56,7 +56,7 @@ def run_backend(
         return BenchResult(name, "skipped", str(exc))
     _reset_peak_memory(info.device)
     try:
-        elapsed_s, loss = _measure(
+        elapsed_s, loss, warmup_s = _measure(
             build,
             fp8,
             model_cfg,
@@ -91,6 +91,7 @@ def run_backend(
         step_time_ms=1000 * elapsed_s / steps,
         peak_memory_gib=_peak_memory_gib(info.device),
         final_loss=float(loss),
+        warmup_s=warmup_s,
     )
 
 
@@ -122,10 +123,12 @@ def _measure(
     seed: int,
     loss_chunk_tokens: int = 0,
     profile: Path | None = None,
-) -> tuple[float, torch.Tensor]:
+) -> tuple[float, torch.Tensor, float]:
     """Build the model (``build``: train.build_model, or torchtitan's), warm up, and return (seconds for the
-    timed steps, last loss). The step is the training loop's: forward/backward, clip the gradient norm,
-    AdamW. No data loader and no checkpoints: random tokens, one micro-batch per step."""
+    timed steps, last loss, seconds from the build to the end of the warm-up: the compile is in there). The
+    step is the training loop's: forward/backward, clip the gradient norm, AdamW. No data loader and no
+    checkpoints: random tokens, one micro-batch per step."""
+    began = time.perf_counter()
     model = build()
     optimizer = build_optimizer(model, OptimConfig(lr=1e-4, warmup_steps=0))
     max_grad_norm = OptimConfig().max_grad_norm
@@ -147,9 +150,12 @@ def _measure(
 
     for _ in range(warmup_steps):
         step()
+    if info.device.type == "cuda":
+        torch.cuda.synchronize(info.device)
+    warmup_s = time.perf_counter() - began
     if profile is not None:
         _profile(step, profile)
-    return _timed(step, steps, info.device)
+    return (*_timed(step, steps, info.device), warmup_s)
 
 
 def _profile(step, path: Path) -> None:

@@ -34,6 +34,9 @@ class BenchResult:
     peak_memory_gib: float | None = None  # GPU: max allocated; CPU: the process's max RSS so far
     final_loss: float | None = None  # loss of the last timed step (a sanity check of the numerics)
     vs_torchtitan: float | None = None  # our tokens/s over torchtitan's for the same backend and recipe
+    # wall time from building the model to the end of the warm-up steps: with --compile it holds the compile
+    # (python -m training.bench twice with one TORCHINDUCTOR_CACHE_DIR: cold, then warm)
+    warmup_s: float | None = None
 
 
 def expand_variants(
