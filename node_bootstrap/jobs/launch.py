@@ -69,7 +69,10 @@ def launch_systemd(files: JobFiles, argv: list[str], stop_grace_seconds: int = S
         # The job user may pin all the memory EFA registers: ib_uverbs charges pinned pages to an unprivileged
         # process's RLIMIT_MEMLOCK (kernel Documentation/infiniband/user_verbs.rst), and systemd's default is
         # 8 MiB. NoNewPrivileges: nothing the job runs can gain privileges (setuid binaries such as sudo).
-        "--property=LimitMEMLOCK=infinity", "--property=NoNewPrivileges=yes",
+        # PrivateTmp: the unit gets /tmp and /var/tmp of its own, so nothing a job leaves there reaches the next
+        # job (its HOME and TMPDIR are already its own /scratch/jobs/<id>; /dev/shm, which NCCL uses, is not
+        # affected).
+        "--property=LimitMEMLOCK=infinity", "--property=NoNewPrivileges=yes", "--property=PrivateTmp=yes",
         "--setenv=PYTHONPATH=" + package_parent(), "--",
     ] + argv
     result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -200,7 +200,7 @@ def test_systemd_launcher_and_cloudwatch_agent(node_factory, tmp_path):
     assert args[:separator] == [
         "--unit=training-job-j-unit-1", "--collect", "--no-block", "--description=training job j-unit-1",
         "--property=KillMode=mixed", "--property=TimeoutStopSec=120", "--property=LimitMEMLOCK=infinity",
-        "--property=NoNewPrivileges=yes", f"--setenv=PYTHONPATH={REPO}",
+        "--property=NoNewPrivileges=yes", "--property=PrivateTmp=yes", f"--setenv=PYTHONPATH={REPO}",
     ]
     assert args[separator + 1:] == [
         sys.executable, "-m", "node_bootstrap.jobs", "--root", str(node.root),
