@@ -22,7 +22,7 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export AWS_EC2_METADATA_DISABLED := true
 export CDK_DISABLE_CLI_TELEMETRY := true
 
-.PHONY: setup check-node synth test lint checkov clean
+.PHONY: setup check-node synth deploy diff destroy bootstrap test lint checkov clean
 
 setup: check-node $(VENV)/.installed node_modules/.installed $(WHEELHOUSE)/.fetched
 
@@ -56,6 +56,17 @@ node_modules/.installed: package.json package-lock.json
 synth: setup
 	npx --no-install cdk synth $(STACK) --quiet --no-notices --no-version-reporting
 	@echo "Template: $(CURDIR)/cdk.out/$(STACK).template.json"
+
+# The documented way to deploy (README, "Deploy"): the CDK CLI with synth's quiet environment (npx cdk run by hand
+# prints jsii's Node banner as 11 lines of byte strings). Settings travel in CDK_ARGS, e.g.
+#   make deploy CDK_ARGS="-c nodeCount=2 -c spareNodes=1"      make bootstrap CDK_ARGS=aws://ACCOUNT_ID/REGION
+# These need credentials, which on an EC2 instance may come from its role: instance metadata is allowed here.
+CDK_ARGS ?=
+deploy diff destroy bootstrap: export AWS_EC2_METADATA_DISABLED := false
+deploy diff destroy: setup
+	npx --no-install cdk $@ $(STACK) --no-notices --no-version-reporting $(CDK_ARGS)
+bootstrap: setup
+	npx --no-install cdk bootstrap --no-notices --no-version-reporting $(CDK_ARGS)
 
 # The suite runs on every core (pytest-xdist); --dist loadfile keeps each file's tests on one worker so a
 # module's shared fixtures (a synthesized stack, a fake cluster) are built once. `pytest` alone runs serially.

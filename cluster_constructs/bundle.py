@@ -4,9 +4,11 @@
   with the wheels of the training lock (training/node-requirements.txt) in `wheelhouse/`. User-data downloads
   it and unpacks it at /opt/cluster/bundle (docs/architecture.md section 1); node_bootstrap's packages step
   installs the wheels, so a node needs no package index, and no NAT gateway, to get them.
-- The job keeper's code (KEEPER_CODE): the job_keeper package and exactly the packages it imports (the job
-  model in cluster_jobs, which clusterctl shares, and what that imports), the Lambda function's asset
-  (cluster_constructs/job_keeper.py). boto3 comes from the Lambda runtime; clusterctl is not shipped.
+- The job keeper's code (KEEPER_CODE): the modules the keeper's handler imports, directly or not, and nothing
+  else (import_closure: the job model in cluster_jobs that clusterctl shares, the job contract with the nodes
+  in node_bootstrap/job_contract.py, not the nodes' launcher and supervisor nor the trainer's config loader),
+  the Lambda function's asset (cluster_constructs/job_keeper.py). boto3 comes from the Lambda runtime;
+  clusterctl is not shipped. tests/test_architecture.py checks the asset against the imports.
 
 An asset's hash names its object and is baked into the template (the launch template, the function's code), so
 each asset must be a pure function of the committed code: the same checkout gives the same hash whatever tools
@@ -16,7 +18,9 @@ So staging copies only source files: in a git checkout, the files git tracks und
 module reaches the nodes once it is `git add`ed); elsewhere (an unpacked source archive), every file under
 them. In both cases caches and tool state never ship: no hidden files or directories (`.ruff_cache`,
 `.pytest_cache`, `.mypy_cache`, editor files), no `__pycache__`, no `*.pyc`, and not the packages' lint config.
-A README or test edit does not change the hash either: only the bundled packages are staged.
+A README or test edit does not change the hash either: only the bundled packages are staged. The keeper's code
+is narrower still: of those files, the modules its handler imports (a module it imports that git does not
+track yet ships too: without it the function would fail on its import).
 
 The wheels are not committed: `make setup` downloads them into build/wheelhouse, and staging copies exactly the
 wheel of each locked package whose sha256 the lock names (node_bootstrap/package_lock.py), so the wheelhouse is
@@ -26,6 +30,7 @@ synthesis with the package's name, never a bundle without it.
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -52,6 +57,8 @@ class Bundle:
 
     packages: tuple[str, ...]
     lock: str | None = None  # a training lock (repository-relative) whose wheels ship in wheelhouse/
+    # a module (job_keeper.handler): the bundle holds only it and what it imports, found in `packages`
+    entry: str | None = None
 
     @property
     def sources(self) -> list[str]:
@@ -61,10 +68,10 @@ class Bundle:
 # training reads the GPU's peak for MFU from the instance catalog; node_bootstrap's expected counts come
 # rendered in the node config instead.
 NODE_BUNDLE = Bundle(("instance_catalog", "node_bootstrap", "training"), lock=NODE_LOCK)
-# The packages job_keeper.handler imports, directly or not (tests/test_architecture.py checks the list against
-# the imports): the job model and its AWS plumbing, the jobs document's contract (node_bootstrap.jobs) and the
-# trainer's config loader, with which a restart validates the job's config like a submit does.
-KEEPER_CODE = Bundle(("cluster_aws", "cluster_jobs", "instance_catalog", "job_keeper", "node_bootstrap", "training"))
+# The keeper's handler and the modules it imports, directly or not, from the packages its layer may reach
+# (tests/test_architecture.py): the job model and its AWS plumbing, and the job contract with the nodes.
+KEEPER_CODE = Bundle(("cluster_aws", "cluster_jobs", "instance_catalog", "job_keeper", "node_bootstrap", "training"),
+                     entry="job_keeper.handler")
 BUNDLED_PACKAGES = NODE_BUNDLE.packages
 
 
@@ -82,7 +89,72 @@ def bundled_files(repo_root: Path = REPO_ROOT, bundle: Bundle = NODE_BUNDLE) -> 
     if candidates is None:
         candidates = _walk(repo_root, bundle.sources)
     # A tracked file deleted in the work tree is not shipped (and its absence shows up in the tests).
-    return sorted(p for p in set(candidates) if is_shipped(p) and (repo_root / p).is_file())
+    files = sorted(p for p in set(candidates) if is_shipped(p) and (repo_root / p).is_file())
+    if bundle.entry is not None:
+        files = import_closure(repo_root, bundle.entry, files)
+    return files
+
+
+def module_name(relative_path: str) -> str:
+    """`cluster_jobs/table.py` -> `cluster_jobs.table`; a package's __init__.py is the package."""
+    parts = PurePosixPath(relative_path).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_closure(repo_root: Path, entry: str, files: list[str]) -> list[str]:
+    """The files among `files` that `entry` needs: its module, every module it imports, directly or not, and the
+    __init__.py of each package on their way (importing a.b runs a). Every import in a file counts, also one
+    inside a function, as in tests/test_architecture.py: a module the keeper could import must be there."""
+    modules = {module_name(p): p for p in files if p.endswith(".py")}
+    if entry not in modules:
+        raise ValueError(f"{entry} is not among the bundle's modules")
+    needed: set[str] = set()
+    todo = [entry]
+    while todo:
+        module = todo.pop()
+        if module in needed:
+            continue
+        needed.add(module)
+        parts = module.split(".")
+        todo.extend(".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in modules)
+        todo.extend(_imported_modules(module, repo_root, modules))
+    return sorted(modules[m] for m in needed)
+
+
+def _module_file(repo_root: Path, name: str) -> str:
+    """The repository-relative file of module `name` in the work tree, or ""."""
+    for relative in ("/".join(name.split(".")) + ".py", "/".join(name.split(".")) + "/__init__.py"):
+        if (repo_root / relative).is_file() and is_shipped(relative):
+            return relative
+    return ""
+
+
+def _imported_modules(module: str, repo_root: Path, modules: dict[str, str]) -> set[str]:
+    path = repo_root / modules[module]
+    is_package = path.name == "__init__.py"
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from its package
+                anchor = module.split(".") if is_package else module.split(".")[:-1]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            names = [f"{base}.{alias.name}" for alias in node.names] + [base]  # a name may be a submodule
+        else:
+            continue
+        for name in names:
+            if name not in modules and _module_file(repo_root, name):
+                # a module in the work tree that git does not track yet: staged without it the function would
+                # fail on its import, so it ships (a clean checkout has no such module)
+                modules[name] = _module_file(repo_root, name)
+            while name and name not in modules:  # the module itself, else the package that holds the name
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                found.add(name)
+    return found
 
 
 def read_lock(repo_root: Path = REPO_ROOT, relative: str = NODE_LOCK) -> Lock:

@@ -90,8 +90,9 @@ PARAMETERS: dict[str, dict[str, Any]] = {
     },
     "module": {
         "type": "String",
-        "description": "start: what torchrun runs: training (the trainer) or training.commcheck (the "
-        "all_reduce bandwidth check).",
+        "description": "start: what the job runs: training (the trainer) or training.commcheck (the "
+        "all_reduce bandwidth check) under torchrun, or training.export (one process on one node: resumeFrom's "
+        "checkpoint to a Hugging Face directory in this job's checkpoint directory).",
         "default": node_jobs.TRAINING_MODULE,
         "allowedValues": list(node_jobs.MODULES),
     },
@@ -129,14 +130,16 @@ PARAMETERS: dict[str, dict[str, Any]] = {
     "overrides": {
         "type": "String",
         "description": "start: space-separated key=value items: training overrides (passed as --set "
-        "key=value), or training.commcheck options (min_busbw_gbps=350 is passed as --min-busbw-gbps 350).",
+        "key=value), training.commcheck options (min_busbw_gbps=350 is passed as --min-busbw-gbps 350), or "
+        "training.export's step=N.",
         "default": "",
         "allowedPattern": f"^({_OVERRIDE}( {_OVERRIDE})*)?$",
     },
     "resumeFrom": {
         "type": "String",
         "description": "start, training: another job's id; the job starts from the newest complete checkpoint "
-        "in that job's directory when its own has none (it saves only to its own). Empty: only its own.",
+        "in that job's directory when its own has none (it saves only to its own). Empty: only its own. "
+        "training.export: the job whose checkpoint it exports.",
         "default": "",
         "allowedPattern": _optional(node_jobs.JOB_ID_RE.pattern),
     },
@@ -152,6 +155,13 @@ PARAMETERS: dict[str, dict[str, Any]] = {
         "description": f"cancel: seconds between SIGTERM and SIGKILL, 0-{node_jobs.MAX_CANCEL_TIMEOUT_SECONDS}.",
         "default": str(node_jobs.STOP_GRACE_SECONDS),
         "allowedPattern": integer_pattern(node_jobs.MAX_CANCEL_TIMEOUT_SECONDS),
+    },
+    "cancelMode": {
+        "type": "String",
+        "description": "cancel: save (the trainer's checkpoint after SIGTERM) or abort (SIGKILL at once, no "
+        "checkpoint: the job keeper stopping the survivors of an attempt that lost a node).",
+        "default": node_jobs.CANCEL_SAVE,
+        "allowedValues": list(node_jobs.CANCEL_MODES),
     },
 }
 for _spec in PARAMETERS.values():
@@ -172,7 +182,7 @@ ACTION_OPTIONS: dict[str, tuple[tuple[str, str], ...]] = {
         ("--attempt", "attempt"),
     ),
     "status": (("--job-id", "jobId"),),
-    "cancel": (("--job-id", "jobId"), ("--timeout-seconds", "cancelTimeoutSeconds")),
+    "cancel": (("--job-id", "jobId"), ("--timeout-seconds", "cancelTimeoutSeconds"), ("--mode", "cancelMode")),
 }
 
 

@@ -15,12 +15,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster_aws.nodes import Node, split_addressable
+from cluster_jobs.job_parameters import JobParameters, job_time
 from cluster_jobs.node_states import NodeJobState
-from cluster_jobs.request import JobRequest, job_time
 from cluster_jobs.ssm_commands import Clock, Invocation, Sleep, run_on_nodes
-from node_bootstrap import jobs as node_jobs
+from node_bootstrap import job_contract
 
 START_TIMEOUT_SECONDS = 180.0  # the node waits up to 30 s for its supervisor; SSM delivery adds latency
+# How long an abort (abort_job) gives each node to record the end before it SIGKILLs what is left itself.
+ABORT_STOP_SECONDS = job_contract.ABORT_STOP_SECONDS
 
 
 STATUS_TIMEOUT_SECONDS = 120.0
@@ -42,7 +44,7 @@ def submit_job(
     ssm: Any,
     document_name: str,
     nodes: Sequence[Node],
-    request: JobRequest,
+    request: JobParameters,
     job_id: str,
     sleep: Sleep = time.sleep,
     clock: Clock = time.monotonic,
@@ -115,18 +117,22 @@ def query_job(
     job_id: str,
     instance_ids: Sequence[str],
     action: str = "status",
-    cancel_timeout_seconds: int = node_jobs.STOP_GRACE_SECONDS,
+    cancel_timeout_seconds: int = job_contract.STOP_GRACE_SECONDS,
     sleep: Sleep = time.sleep,
     clock: Clock = time.monotonic,
+    cancel_mode: str = job_contract.CANCEL_SAVE,
 ) -> list[NodeJobState]:
     """Runs `status` or `cancel` on the job's nodes that still exist and returns each node's state, ordered
     by instance id; the nodes the Auto Scaling group replaced are reported gone, not asked (SSM refuses a
-    command to a terminated instance)."""
+    command to a terminated instance). cancel_mode abort: no checkpoint, torchrun and its workers killed at
+    once (job_contract.CANCEL_MODES); the document's default, save, is not sent."""
     addressable, gone = split_addressable(ec2, instance_ids)
     parameters = {"action": [action], "jobId": [job_id]}
     timeout_seconds = STATUS_TIMEOUT_SECONDS
     if action == "cancel":
         parameters["cancelTimeoutSeconds"] = [str(cancel_timeout_seconds)]
+        if cancel_mode != job_contract.CANCEL_SAVE:
+            parameters["cancelMode"] = [cancel_mode]
         timeout_seconds += cancel_timeout_seconds + 60  # SIGTERM grace, then the kill and the unit stop
     invocations = (
         run_on_nodes(
@@ -148,3 +154,20 @@ def query_job(
     states = [NodeJobState.from_invocation(i) for i in invocations.values() if i.instance_id not in gone]
     states += [NodeJobState.gone(instance_id, why) for instance_id, why in gone.items()]
     return sorted(states, key=lambda s: s.instance_id)
+
+
+def abort_job(
+    ssm: Any,
+    ec2: Any,
+    document_name: str,
+    job_id: str,
+    instance_ids: Sequence[str],
+    sleep: Sleep = time.sleep,
+    clock: Clock = time.monotonic,
+) -> list[NodeJobState]:
+    """`cancel` in mode abort on the nodes: torchrun and its workers SIGKILLed at once, no checkpoint, within
+    ABORT_STOP_SECONDS (the job keeper's stop of an ended attempt's survivors: the job restarts from a checkpoint
+    tier, and a collective save would block without the lost node)."""
+    return query_job(ssm, ec2, document_name, job_id, instance_ids, "cancel",
+                     cancel_timeout_seconds=ABORT_STOP_SECONDS, sleep=sleep, clock=clock,
+                     cancel_mode=job_contract.CANCEL_ABORT)

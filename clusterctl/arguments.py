@@ -1,5 +1,6 @@
 """argparse value types shared by the command groups: each checks one argument before any AWS call and says
-what is allowed, and AddCommand, the helper cli.build_parser hands each group to add its subcommands."""
+what is allowed; AddCommand, the helper cli.build_parser hands each group to add its subcommands; and the
+help layout every command shares (its help ends with one example line)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,30 @@ from collections.abc import Callable
 
 from instance_catalog.instance_types import INSTANCE_TYPES
 
-# cli.build_parser's `add(name, help_text, **kwargs)`: a subcommand parser that already has the global options.
+# cli.build_parser's `add(name, help_text, example=..., **kwargs)`: a subcommand parser that already has the
+# global options, whose help ends with the example.
 AddCommand = Callable[..., argparse.ArgumentParser]
+
+EXAMPLE_PREFIX = "Example: "
+JOB_ID_EXAMPLE = "j-20261120-231502-ab12"  # the shape `clusterctl submit` prints, for the examples
+
+
+def with_example(epilog: str | None, example: str) -> str:
+    """A command's epilog with its example as the last line, on a line of its own."""
+    line = f"{EXAMPLE_PREFIX}{example}"
+    return f"{epilog}\n\n{line}" if epilog else line
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's layout, except that the description and epilog keep their line breaks and the example line
+    is never wrapped (so it can be copied as one command)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        fill = super()._fill_text
+        return "\n".join(
+            indent + line if not line or line.startswith(EXAMPLE_PREFIX) else fill(line, width, indent)
+            for line in text.split("\n")
+        )
 
 
 def positive_int(text: str) -> int:

@@ -17,6 +17,7 @@ from cluster_aws.errors import EXIT_CODES_HELP, EXIT_FAILED, EXIT_USAGE, describ
 from cluster_aws.session import build_context
 from cluster_aws.stack_outputs import DEFAULT_STACK_NAME
 from clusterctl import nodes
+from clusterctl.arguments import HelpFormatter, with_example
 from clusterctl.capacity import commands as capacity_commands
 from clusterctl.capacity import cost_command
 from clusterctl.jobs import commands as job_commands
@@ -34,7 +35,7 @@ def _add_global_options(parser: argparse.ArgumentParser, suppress: bool) -> None
         return argparse.SUPPRESS if suppress else value
 
     parser.add_argument("--region", default=default(None), help="AWS region (default: the profile's)")
-    parser.add_argument("--profile", default=default(None), help="AWS named profile")
+    parser.add_argument("--profile", default=default(None), help="AWS named profile (default: the environment's)")
     parser.add_argument(
         "--stack",
         default=default(DEFAULT_STACK_NAME),
@@ -59,8 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_global_options(parser, suppress=False)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def add(name: str, help_text: str, **kwargs: object) -> argparse.ArgumentParser:
-        return sub.add_parser(name, parents=[common], help=help_text, description=help_text, **kwargs)
+    def add(name: str, help_text: str, example: str = "", epilog: str | None = None,
+            **kwargs: object) -> argparse.ArgumentParser:
+        # every command's help ends with one example (tests/clusterctl/test_help_texts.py holds them to it)
+        return sub.add_parser(name, parents=[common], help=help_text, description=help_text,
+                              epilog=with_example(epilog, example) if example else epilog,
+                              formatter_class=HelpFormatter, **kwargs)
 
     # In the order `clusterctl --help` lists them: plan, quota, capacity, nodes, submit, commcheck, jobs, status,
     # logs, cancel, cost, top.

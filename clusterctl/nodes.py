@@ -54,6 +54,7 @@ def nodes(args: argparse.Namespace, runtime: Runtime) -> int:
 def add_parsers(add: AddCommand) -> None:
     """`nodes`."""
     nodes_parser = add(
-        "nodes", "The cluster's nodes: id, private IP, AZ, lifecycle, health and bootstrap readiness."
+        "nodes", "The cluster's nodes: id, private IP, AZ, lifecycle, health and bootstrap readiness.",
+        example="clusterctl nodes --stack TrainingClusterStack",
     )
     nodes_parser.set_defaults(handler=nodes)

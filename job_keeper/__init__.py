@@ -5,6 +5,7 @@
   difference (a lost or hung node: stop the survivors, wait for full strength, start the next attempt);
 - handler.py: the Lambda entry point (job_keeper.handler.handler), which builds the keeper from its environment.
 
-May import: cluster_jobs and cluster_aws (and, through them, node_bootstrap, training and instance_catalog).
-Its Lambda asset holds exactly those packages (cluster_constructs/bundle.py, KEEPER_CODE); not clusterctl.
+May import: cluster_jobs and cluster_aws (and, through them, node_bootstrap's job contract). Its Lambda asset
+holds exactly the modules the handler imports, directly or not (cluster_constructs/bundle.py, KEEPER_CODE;
+tests/test_architecture.py): not clusterctl, not the nodes' launcher, not the trainer.
 """

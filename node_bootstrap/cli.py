@@ -39,7 +39,8 @@ Bootstrap and verify a GPU training node (stdlib only, Python >= 3.9).
   check    the health checks alone (GPUs, ECC, row remapping, Xid, EFA, the job user's metadata block):
            run it before a costly job
   monitor  the node health monitor: --once runs one round (what its systemd timer runs every
-           monitor.intervalSeconds); an unhealthy node stops its job, tags itself and is replaced
+           monitor.intervalSeconds), --follow answers a fatal Xid in the kernel log at once; an
+           unhealthy node stops its job, tags itself and is replaced
 """.format(", ".join(STEPS))
 
 RUN_EPILOG = f"""\
@@ -99,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="one round that prints what it would do: read-only probes run, mutating commands "
                               "are printed, no state is saved")
     monitor.add_argument("--json", action="store_true", help="print the round's report as JSON")
+    monitor.add_argument("--follow", action="store_true",
+                         help="follow the kernel log and answer a fatal Xid at once, without waiting for a "
+                              "round (what the follower service runs); runs until stopped")
     monitor.add_argument("-v", "--verbose", action="store_true", help="also log every command run")
     return parser
 
@@ -127,6 +131,9 @@ def main(argv: Sequence[str] | None = None, *, make_runner: Callable[[bool], Run
     runner = make_runner(args.dry_run)
     if args.command == "check":
         return _check(args, config, host, runner)
+    if args.command == "monitor" and args.follow and (args.once or args.dry_run or args.json):
+        print("node_bootstrap: monitor --follow takes no --once, --dry-run or --json", file=sys.stderr)
+        return EXIT_USAGE
     if args.command == "monitor":
         return run_monitor(args, config, host, runner, imds or Imds(), sleep=sleep)
     return _run(args, config, host, runner, imds or Imds(), sleep)

@@ -18,6 +18,12 @@ SCHEMA_VERSION = 5  # must match cluster_constructs/node_config.py
 
 FP8_BACKENDS = ("none", *FP8_BACKEND_PACKAGES)  # training.fp8Backends values
 MIN_MONITOR_INTERVAL_SECONDS = 10  # a round runs nvidia-smi, fi_info and the aws CLI: seconds of work
+# training.jobHangFloorSeconds when the node config has none: the least a learned hang timeout can be. Longer
+# than the pauses between step lines the trainer makes on purpose before their interval was seen (a
+# checkpoint's staging wait, a local-tier replica transfer, a validation: seconds to tens of seconds on the
+# presets) and shorter than the process-group timeout (parallel.train_timeout_seconds, 300 s), so a rank
+# stuck outside a collective is found before a peer stuck inside one times out (docs/operations.md).
+DEFAULT_JOB_HANG_FLOOR_SECONDS = 120
 
 T = TypeVar("T")
 
@@ -92,6 +98,8 @@ class TrainingConfig:
     rendezvous_port: int
     job_hang_timeout_seconds: int  # no trainer step for this long: the supervisor stops the job as hung; 0: off
     job_start_timeout_seconds: int  # ... and this long for the first step after a start or a restart
+    # the least a learned hang timeout can be (node_bootstrap/jobs/progress.py); optional in the node config
+    job_hang_floor_seconds: int = DEFAULT_JOB_HANG_FLOOR_SECONDS
 
 
 @dataclass(frozen=True)
@@ -201,6 +209,8 @@ def parse_node_config(data: Any) -> NodeConfig:
             rendezvous_port=training.integer("rendezvousPort", minimum=1, maximum=65535),
             job_hang_timeout_seconds=training.integer("jobHangTimeoutSeconds", minimum=0),
             job_start_timeout_seconds=training.integer("jobStartTimeoutSeconds", minimum=1),
+            job_hang_floor_seconds=training.integer("jobHangFloorSeconds", minimum=1,
+                                                    default=DEFAULT_JOB_HANG_FLOOR_SECONDS),
         ),
         bootstrap=BootstrapConfig(
             deadline_seconds=bootstrap.integer("deadlineSeconds", minimum=60),
@@ -243,7 +253,10 @@ class _Reader:
             raise ConfigError(f"{self._prefix + key}={value!r} must be an absolute path (starting with /)")
         return value.rstrip("/") or "/"
 
-    def integer(self, key: str, *, minimum: int, maximum: int = 2**31) -> int:
+    def integer(self, key: str, *, minimum: int, maximum: int = 2**31, default: int | None = None) -> int:
+        """`default`: the key is optional (a node config rendered before it existed)."""
+        if default is not None and key not in self._data:
+            return default
         value = self._get(key, int)
         if isinstance(value, bool) or not minimum <= value <= maximum:
             raise ConfigError(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster_constructs.bundle import KEEPER_CODE, NODE_BUNDLE
+from cluster_constructs.bundle import KEEPER_CODE, NODE_BUNDLE, stage_keeper_code
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MAX_MODULE_LINES = 400
@@ -162,8 +162,34 @@ def _package_closure(*roots: str) -> set[str]:
     return packages
 
 
-def test_the_keeper_asset_holds_exactly_the_packages_the_keeper_imports():
-    assert set(KEEPER_CODE.packages) == _package_closure("job_keeper")
+def _module_closure(entry: str) -> set[str]:
+    """`entry`, every module it imports, directly or not, and the packages on their way (importing a.b runs a)."""
+    modules, todo = set(), [entry]
+    while todo:
+        module = todo.pop()
+        if module not in modules:
+            modules.add(module)
+            parts = module.split(".")
+            todo.extend(p for p in (".".join(parts[:i]) for i in range(1, len(parts))) if p in MODULES)
+            todo.extend(GRAPH[module])
+    return modules
+
+
+def test_the_keeper_asset_holds_exactly_the_modules_the_keeper_imports(tmp_path):
+    staged = stage_keeper_code(tmp_path / "keeper")
+    files = {p.relative_to(staged).as_posix() for p in staged.rglob("*") if p.is_file()}
+    assert {_module_name(REPO_ROOT / f) for f in files} == _module_closure(
+        KEEPER_CODE.entry)
+    assert all(f.endswith(".py") for f in files)  # no data: the keeper reads no config of the trainer
+
+
+def test_the_keeper_asset_carries_the_job_contract_and_not_the_nodes_launcher_or_the_trainer():
+    closure = _module_closure("job_keeper.handler")
+    assert "node_bootstrap.job_contract" in closure and "cluster_jobs.document" in closure
+    assert not {m for m in closure if m.startswith(("node_bootstrap.jobs", "training", "clusterctl"))}
+    assert "node_bootstrap.jobs" not in closure and "instance_catalog" not in {_package(m) for m in closure}
+    # the contract is at the bottom: it imports nothing of the project, so its readers ship it alone
+    assert GRAPH["node_bootstrap.job_contract"] == set()
 
 
 def test_the_node_bundle_holds_everything_the_nodes_import():

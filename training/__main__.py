@@ -4,7 +4,9 @@
     python -m training      # the embedded default, training/configs/tiny-cpu.toml, on the CPU
 
 Exit codes: 0 done (also after a SIGTERM that saved a checkpoint), 2 configuration error (one line on stderr,
-no traceback), 1 anything else (with its traceback).
+no traceback), 1 anything else (with its traceback). They are what torchrun and the job's supervisor see: before
+the interpreter's shutdown, cli() frees the process groups, whose threads would otherwise outlive the run and
+could abort the exit (parallelize.release_process_groups).
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import logging
 import os
 import sys
 
+from training.config import packaged_config_names  # no torch: the config layer imports none
 from training.errors import ConfigError
+from training.help_text import HelpFormatter, examples
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -29,10 +33,15 @@ def build_parser() -> argparse.ArgumentParser:
         "Start from a Hugging Face Llama directory with --set init.hf_dir=DIR (its config.json gives the shape), "
         "write one at the end with --set export.hf_dir=DIR, or any time with python -m training.export "
         "(docs/weights.md).",
+        epilog=examples(
+            "OMP_NUM_THREADS=1 python -m training --config tiny-cpu --set run.steps=20 --set checkpoint.dir=/tmp/ckpt",
+            "torchrun --nproc-per-node 8 -m training --config llama3-8b --set init.hf_dir=/fsx/data/Llama-3.1-8B",
+        ),
+        formatter_class=HelpFormatter,
     )
     parser.add_argument(
         "--config", metavar="TOML",
-        help="a TOML file, or the name of a packaged config (tiny-cpu, 125m, 1b, llama3-8b, llama3-70b); "
+        help=f"a TOML file, or the name of a packaged config ({', '.join(packaged_config_names())}); "
         "default: the embedded tiny-cpu.toml",
     )
     parser.add_argument(
@@ -49,6 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume-from-dir", metavar="DIR",
         help="with --resume auto: when checkpoint.dir holds no complete checkpoint, start from the newest "
         "complete one in DIR (another job's checkpoint directory; saves still go to checkpoint.dir)",
+    )
+    parser.add_argument(
+        "--overwrite-checkpoints", action="store_true",
+        help="with --resume none or PATH: delete the checkpoints of checkpoint.dir newer than the start first "
+        "(without it such a start is refused: its saves would be mixed with another run's, and keep_last "
+        "deletes by step number)",
     )
     return parser
 
@@ -73,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         from training.train import train  # torch and the model load only after the config is valid
 
         resume = resume_with_fallback(args.resume, cfg.checkpoint.dir, args.resume_from_dir)
-        result = train(cfg, resume=resume, local_resume=args.resume == "auto")
+        result = train(cfg, resume=resume, local_resume=args.resume == "auto",
+                       overwrite_checkpoints=args.overwrite_checkpoints)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
@@ -83,5 +99,28 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_OK
 
 
+def cli(argv: list[str] | None = None) -> int:
+    """The process's entry point: main(), then nothing of the run left running into the interpreter's
+    shutdown, so the process exits with main's code (parallelize.release_process_groups says why)."""
+    try:
+        code = main(argv)
+    except BaseException:  # exit 1, with the traceback Python prints after this
+        _release(after_error=True)
+        raise
+    _release(after_error=False)
+    return code
+
+
+def _release(*, after_error: bool) -> None:
+    if "torch.distributed" not in sys.modules:  # stopped before the trainer was imported: nothing was built
+        return
+    import torch
+
+    from training.parallelize import release_process_groups
+
+    # after an error on CUDA the group stays: NCCL's teardown may wait on a collective a failed peer never joins
+    release_process_groups(destroy=not (after_error and torch.cuda.is_available()))
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

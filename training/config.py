@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from training.config_metrics import MetricsConfig
 from training.config_sections import (
     MODEL_PRESETS,
     CheckpointConfig,
     DataConfig,
     Fp8Config,
-    MetricsConfig,
     ModelConfig,
     OptimConfig,
     ParallelConfig,
@@ -104,6 +104,14 @@ class TrainConfig:
         for section in dataclasses.fields(self):
             getattr(self, section.name).validate()
         # Rules that span two sections.
+        decay_start, decay_steps = self.optim.decay_window(self.run.steps)
+        if self.optim.schedule == "wsd" and decay_start + decay_steps > self.run.steps:
+            # the decay would begin inside the warmup, or not reach min_lr by the last step
+            raise ConfigError(
+                f"optim.decay_steps={self.optim.decay_steps}: with optim.schedule='wsd' the decay ({decay_steps} "
+                f"steps) and optim.warmup_steps ({self.optim.warmup_steps}) exceed run.steps ({self.run.steps}); "
+                "allowed: warmup_steps + the decay <= run.steps (decay_steps, or decay_fraction x run.steps)"
+            )
         if self.parallel.compile and self.fp8.backend == "te":
             # TE refuses DelayedScaling inside torch.compile (check_recipe_support in TE's quantization.py)
             # and its modules are not written for fullgraph tracing; torchao's Float8Linear is.
@@ -117,6 +125,9 @@ class TrainConfig:
                 f"export.hf_dir={self.export.hf_dir!r}: needs checkpoint.dir set and checkpoint.save_final=true "
                 "(the export reads the final checkpoint)"
             )
+        if self.metrics.tensorboard == "on" and not self.checkpoint.dir:
+            raise ConfigError("metrics.tensorboard='on': needs checkpoint.dir set (the event files go to "
+                              "<checkpoint.dir>/tensorboard/); allowed without it: 'auto' or 'off'")
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """Plain data (TOML/JSON-serialisable), e.g. to store next to a checkpoint."""
@@ -124,6 +135,12 @@ class TrainConfig:
 
 
 SECTIONS: dict[str, type] = {f.name: f.default_factory for f in dataclasses.fields(TrainConfig)}  # type: ignore[misc]
+
+
+def packaged_config_names() -> list[str]:
+    """The names of the packaged configs (configs/<name>.toml): the one set of names that `python -m training
+    --config`, `clusterctl plan --model` and the README use for a model and its run."""
+    return sorted(p.stem for p in CONFIGS_DIR.glob("*.toml"))
 
 
 def resolve_config_path(config: str | Path | None) -> Path:
@@ -137,7 +154,7 @@ def resolve_config_path(config: str | Path | None) -> Path:
     packaged = CONFIGS_DIR / f"{config}.toml"
     if packaged.is_file():
         return packaged
-    names = ", ".join(sorted(p.stem for p in CONFIGS_DIR.glob("*.toml")))
+    names = ", ".join(packaged_config_names())
     raise ConfigError(f"--config={str(config)!r}: no such file; allowed: a TOML path or one of: {names}")
 
 
@@ -320,5 +337,6 @@ __all__ = [
     "TrainConfig",
     "load_config",
     "parse_overrides",
+    "packaged_config_names",
     "resolve_config_path",
 ]

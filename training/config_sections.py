@@ -10,8 +10,6 @@ trainer's own code (training.config.load_config) on a machine without torch, bef
 from __future__ import annotations
 
 import math
-import os
-from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 from training.errors import ConfigError
@@ -26,8 +24,8 @@ ROPE_SCALINGS = ("", "llama3")  # [model] rope_scaling
 # [parallel]: the dtypes FSDP2's MixedPrecisionPolicy may use (training.parallelize maps them to torch dtypes)
 DTYPE_NAMES = ("bfloat16", "float32")
 DEFAULT_INIT_TIMEOUT_S = 600  # [parallel] process-group timeout until the first step: torch's own NCCL default
-# [metrics]: when to write EMF step records
-EMF_MODES = ("auto", "on", "off")
+# [optim]: the learning-rate schedule after warmup (training/optim.py lr_at)
+LR_SCHEDULES = ("cosine", "wsd")
 # [checkpoint]: where an asynchronous save copies the state (training/checkpoint/staging.py)
 STAGING_MODES = ("auto", "pinned", "pageable", "inline")
 JOB_ID_ENV = "CLUSTER_JOB_ID"  # set by node_bootstrap.jobs' supervisor for every job
@@ -280,8 +278,17 @@ class OptimConfig:
     """The ``[optim]`` section."""
 
     lr: float = 3e-4  # peak learning rate, reached at the end of warmup
-    min_lr: float = 3e-5  # floor the cosine decays to at the last step (absolute, not a ratio)
+    min_lr: float = 3e-5  # floor the decay reaches at its last step (absolute, not a ratio)
     warmup_steps: int = 100  # optimizer steps of linear warmup from lr/warmup_steps up to lr
+    # After warmup: "cosine" decays from lr to min_lr right away; "wsd" (warmup-stable-decay, torchtitan's
+    # warmup_stable_decay) holds lr, then decays linearly to min_lr over the run's last decay steps, so a run
+    # still in its stable phase can be made longer (a larger run.steps) without changing a step that ran.
+    schedule: str = "cosine"
+    # Length of the decay in optimizer steps, fixed whatever run.steps says (steps after it stay at min_lr).
+    # 0: cosine decays until the last step (run.steps - warmup_steps), wsd over decay_fraction of run.steps.
+    # Extending a cosine run: set it to the old run.steps - warmup_steps and the decay that ran stays as it was.
+    decay_steps: int = 0
+    decay_fraction: float = 0.2  # wsd with decay_steps 0: the share of run.steps spent decaying, in (0, 1]
     weight_decay: float = 0.1  # AdamW decoupled weight decay on matrices (norms and biases get none)
     betas: tuple[float, float] = (0.9, 0.95)  # AdamW (beta1, beta2)
     eps: float = 1e-8  # AdamW epsilon
@@ -296,6 +303,14 @@ class OptimConfig:
             self.warmup_steps < 0
         ):
             raise ConfigError(f"optim.warmup_steps={self.warmup_steps!r}: allowed: an integer >= 0")
+        if self.schedule not in LR_SCHEDULES:
+            raise ConfigError(f"optim.schedule={self.schedule!r}: allowed: {', '.join(LR_SCHEDULES)}")
+        if not _is_int(self.decay_steps) or self.decay_steps < 0:
+            raise ConfigError(f"optim.decay_steps={self.decay_steps!r}: allowed: an integer >= 0 (0: until the "
+                              "run's last step)")
+        if isinstance(self.decay_fraction, bool) or not isinstance(self.decay_fraction, int | float) or not (
+                0 < self.decay_fraction <= 1):
+            raise ConfigError(f"optim.decay_fraction={self.decay_fraction!r}: allowed: a number in (0, 1]")
         if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
             raise ConfigError(f"optim.weight_decay={self.weight_decay!r}: allowed: a number >= 0")
         betas = tuple(self.betas)
@@ -306,6 +321,14 @@ class OptimConfig:
             raise ConfigError(f"optim.eps={self.eps!r}: allowed: a number > 0")
         if not (math.isfinite(self.max_grad_norm) and self.max_grad_norm >= 0):
             raise ConfigError(f"optim.max_grad_norm={self.max_grad_norm!r}: allowed: a number >= 0 (0 = off)")
+
+    def decay_window(self, total_steps: int) -> tuple[int, int]:
+        """``(first step, length in steps)`` of the decay from lr to min_lr in a run of ``total_steps`` steps
+        (0-based step indices; training.optim.lr_at)."""
+        if self.schedule == "wsd":
+            length = self.decay_steps or max(1, round(self.decay_fraction * total_steps))
+            return max(self.warmup_steps, total_steps - length), length
+        return self.warmup_steps, self.decay_steps or max(1, total_steps - self.warmup_steps)
 
 @dataclass
 class CheckpointConfig:
@@ -356,38 +379,3 @@ class CheckpointConfig:
 
 def _is_int_at_least(value: object, *, minimum: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
-
-@dataclass
-class MetricsConfig:
-    """The ``[metrics]`` section. How often to log is ``run.log_interval_steps``."""
-
-    # JSON lines on rank 0's stdout, which the jobs launcher reads: one per logged step, and the resume line
-    json_lines: bool = True
-    progress: bool = True  # a short human-readable progress line per logged step on rank 0's stderr
-    nvml: bool = True  # add GPU utilization, temperature, power and clocks through NVML when available
-    # Refused when true: publishing with PutMetricData from the job needed the node role's credentials, and
-    # jobs no longer get them (docs/security.md). The EMF lines below reach CloudWatch through the agent.
-    cloudwatch: bool = False
-    cloudwatch_namespace: str = "TrainingCluster"  # CloudWatch metric namespace of the EMF lines
-    # "auto": a CloudWatch EMF line per logged step on rank 0's stderr when running as a cluster job
-    # (CLUSTER_JOB_ID set by the job supervisor); "on" / "off" force it. Namespace: cloudwatch_namespace.
-    emf: str = "auto"
-
-    def validate(self) -> None:
-        if self.emf not in EMF_MODES:
-            raise ConfigError(f"metrics.emf={self.emf!r}: allowed: {', '.join(EMF_MODES)}")
-        if self.cloudwatch:
-            raise ConfigError(
-                "metrics.cloudwatch=true: allowed: false. Jobs have no AWS credentials (docs/security.md); step "
-                "metrics reach CloudWatch as EMF lines the nodes' CloudWatch agent ships: metrics.emf='auto' "
-                "(the default: on in cluster jobs) or 'on'"
-            )
-        if not self.cloudwatch_namespace or self.cloudwatch_namespace.startswith("AWS/"):
-            raise ConfigError(
-                f"metrics.cloudwatch_namespace={self.cloudwatch_namespace!r}: allowed: a non-empty name "
-                "not starting with 'AWS/'"
-            )
-
-    def emf_enabled(self, environ: Mapping[str, str] | None = None) -> bool:
-        environ = os.environ if environ is None else environ
-        return self.emf == "on" or (self.emf == "auto" and bool(environ.get(JOB_ID_ENV)))

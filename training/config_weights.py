@@ -6,6 +6,7 @@ settings with training.config.load_config on a machine without torch.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from training.errors import ConfigError
@@ -30,8 +31,14 @@ class ExportConfig:
     """The ``[export]`` section: a Hugging Face model directory written at the end of a run (docs/weights.md)."""
 
     # Written from the final checkpoint (so checkpoint.dir and checkpoint.save_final are required) once every
-    # step is done; not after a SIGTERM. "" = no export (python -m training.export does it any time).
+    # step is done; not after a SIGTERM. A relative path is under checkpoint.dir ("hf-final": on the cluster the
+    # job owns only its own /fsx/checkpoints/<job id>, whose id a config cannot know). "" = no export
+    # (python -m training.export does it any time).
     hf_dir: str = ""
+
+    def resolve(self, checkpoint_dir: str) -> str:
+        """Where the export goes: hf_dir, or checkpoint_dir/hf_dir for a relative one."""
+        return os.path.join(checkpoint_dir, self.hf_dir) if self.hf_dir else ""
 
     def validate(self) -> None:
         if not isinstance(self.hf_dir, str):

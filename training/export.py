@@ -13,8 +13,12 @@ import logging
 import sys
 
 from training.errors import ConfigError
+from training.help_text import HelpFormatter, examples
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+# On the cluster, `clusterctl export JOB [--step N]` runs this as a job of its own (README, "Continue training a
+# Llama checkpoint"), with --checkpoint the job's directory and --out its own.
+EXAMPLE = "python -m training.export --checkpoint /tmp/ckpt --step 20 --out /tmp/hf-step-20"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,7 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m training.export",
         description="Write a Hugging Face Llama directory (bf16 safetensors shards with their index, config.json, "
         "generation_config.json, the init directory's tokenizer files) from a complete checkpoint. "
-        "transformers' AutoModelForCausalLM.from_pretrained and vLLM load it.",
+        "transformers' AutoModelForCausalLM.from_pretrained and vLLM load it. On the cluster: clusterctl "
+        "export JOB [--step N].",
+        epilog=examples(EXAMPLE),
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--checkpoint", required=True, metavar="DIR",
                         help="a job's checkpoint directory (holding step-<N>/) or one complete step-<N> directory")

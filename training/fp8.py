@@ -189,19 +189,25 @@ def build_fp8_backend(cfg: Fp8Config) -> Fp8Backend:
     return NoFp8()
 
 
-def describe_fp8(cfg: Fp8Config) -> str:
-    """One line for the trainer's first log lines: the backend, its recipe and the package version it runs."""
+def describe_fp8(cfg: Fp8Config, *, param_dtype: str, reduce_dtype: str) -> str:
+    """One line for the trainer's first log lines: the backend, its recipe and the package version it runs, and
+    the dtypes of everything else (``parallel.param_dtype``, the dtype FSDP2 gathers the weights in for
+    compute, and ``parallel.reduce_dtype``, its gradient reduction's; the sharded weights stay float32)."""
+    dtypes = f"gradients reduced in {reduce_dtype}, weights kept in float32"
     if cfg.backend == "none":
-        return "none (bf16 matmuls)"
+        return f"none (matmuls in {param_dtype}; {dtypes})"
     dist = {"torchao": "torchao", "te": "transformer_engine"}[cfg.backend]
     try:
         version = importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         version = "not installed"
+    # the FP8 linears compute in FP8 (emulated: in their high precision), the output head and the rest in
+    # param_dtype
+    rest = f"other matmuls in {param_dtype}; {dtypes}"
     if cfg.backend == "torchao":
         recipe = cfg.torchao_recipe + (", emulate" if cfg.emulate else "")
-        return f"torchao {version} ({recipe})"
-    return f"Transformer Engine {version} ({cfg.te_recipe} scaling)"
+        return f"torchao {version} ({recipe}; {rest})"
+    return f"Transformer Engine {version} ({cfg.te_recipe} scaling; {rest})"
 
 
 def apply_linear_swap(model: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> list[str]:

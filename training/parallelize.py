@@ -9,9 +9,11 @@ so FSDP2 runs on a 1-rank mesh instead of taking a separate non-distributed bran
 from __future__ import annotations
 
 import datetime
+import gc
 import logging
 import os
 import socket
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -103,6 +105,32 @@ def set_process_group_timeout(timeout_s: float, info: DistInfo) -> None:
 def destroy_distributed() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def release_process_groups(*, destroy: bool) -> None:
+    """At the end of the process, before the interpreter's shutdown: leave the process group (with `destroy`)
+    and free what still holds it, so the groups' C++ threads (the TCPStore's server, gloo's transport loop and
+    workers) are joined now. destroy_process_group only unregisters a group: its object lives on while
+    anything refers to it, and every DeviceMesh the run built does (its `_pg_registry`), kept by the model's
+    reference cycles, by an error's traceback, and by DTensor's sharding-propagation cache for the whole
+    process. Left to the interpreter's shutdown, a worker that drops a tensor then needs the GIL of an
+    interpreter half torn down, and the process aborts ("terminate called without an active exception", exit
+    -6 where the CLI returned 0 or 2). Not for a process that trains again: the meshes it clears are dead."""
+    if destroy:
+        destroy_distributed()
+    if dist.is_initialized():  # left up on purpose (a failed NCCL group): nothing of it can be freed
+        return
+    # isinstance on some of torch's lazily imported objects warns (a FutureWarning from torch._library's fake
+    # script objects): the scan must print nothing after the CLI's last line ("config error: ...")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        meshes = [obj for obj in gc.get_objects() if isinstance(obj, DeviceMesh)]
+    for mesh in meshes:
+        registry = getattr(mesh, "_pg_registry", None)  # torch 2.13: group name -> ProcessGroup
+        if isinstance(registry, dict):
+            registry.clear()
+    del meshes
+    gc.collect()  # the model's cycles, and with them the last references to the groups
 
 
 def build_data_parallel_mesh(info: DistInfo) -> DeviceMesh:

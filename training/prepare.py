@@ -1,8 +1,10 @@
-"""python -m training.prepare: tokenize text or jsonl into a shard directory (docs/data-format.md).
+"""python -m training.prepare: tokenize text, JSON lines or Parquet into a shard directory (docs/data-format.md).
 
     python -m training.prepare --input corpus/ --output /fsx/data/corpus-byte
-    python -m training.prepare --input docs.jsonl --text-field body --tokenizer tokenizer.json \\
+    python -m training.prepare --input docs.jsonl.zst --text-field body --tokenizer tokenizer.json \\
         --output /fsx/data/docs-llama3
+
+The input formats and their readers: training/prepare_inputs.py.
 
 Shards are written to temporary names and renamed into place at the end, index.json last: a run that fails
 leaves the output directory as it was, and one killed half-way leaves it without index.json, which training
@@ -12,110 +14,25 @@ refuses to open.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from training.prepare_inputs import (
+    SUFFIXES,
+    Document,
+    PrepareError,
+    check_readers,
+    find_input_files,
+    read_documents,
+)
 from training.shards import ShardWriter
 from training.tokenizer import Tokenizer, TokenizerError, load_tokenizer
 
-SUFFIXES = (".txt", ".jsonl")
 TXT_SPLITS = ("file", "blank-line")
 DEFAULT_SHARD_SIZE_TOKENS = 1 << 27  # 256 MiB per shard at uint16: few files, each large enough to stream
 ENCODE_BATCH_DOCUMENTS = 512  # documents handed to the tokenizer at once (tokenizers parallelizes a batch)
-
-
-class PrepareError(ValueError):
-    """Bad input for prepare; the message names the file (and line) and what is wrong."""
-
-
-@dataclass
-class Document:
-    text: str
-    where: str  # "file" or "file:line", for error messages
-
-
-def find_input_files(input_path: Path) -> list[Path]:
-    """``input_path`` itself, or every .txt and .jsonl file under the directory, in sorted order."""
-    if input_path.is_file():
-        if input_path.suffix not in SUFFIXES:
-            raise PrepareError(f"--input {input_path}: allowed suffixes: {', '.join(SUFFIXES)}")
-        return [input_path]
-    if not input_path.is_dir():
-        raise PrepareError(f"--input {input_path}: no such file or directory")
-    files = sorted(p for p in input_path.rglob("*") if p.is_file() and p.suffix in SUFFIXES)
-    if not files:
-        raise PrepareError(f"--input {input_path}: no {' or '.join(SUFFIXES)} files in the directory")
-    return files
-
-
-def read_documents(path: Path, *, text_field: str, txt_split: str) -> Iterator[Document]:
-    """The documents of one input file.
-
-    .txt: the whole file is one document (``txt_split="file"``), or each block of lines between blank
-    lines is one (``"blank-line"``). .jsonl: one JSON object per line, its ``text_field`` is the document;
-    blank lines are skipped.
-    """
-    if path.suffix == ".jsonl":
-        yield from _read_jsonl(path, text_field)
-        return
-    text = _read_utf8(path)
-    if txt_split == "file":
-        yield Document(text, str(path))
-        return
-    block: list[str] = []
-    first_line = 1
-    for number, line in enumerate(text.splitlines(keepends=True), start=1):
-        if line.strip():
-            if not block:
-                first_line = number
-            block.append(line)
-        elif block:
-            yield Document("".join(block).rstrip("\n"), f"{path}:{first_line}")
-            block = []
-    if block:
-        yield Document("".join(block).rstrip("\n"), f"{path}:{first_line}")
-
-
-def _read_jsonl(path: Path, text_field: str) -> Iterator[Document]:
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
-            where = f"{path}:{number}"
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise PrepareError(f"{where}: not UTF-8 ({exc.reason} at byte {exc.start})") from exc
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise PrepareError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
-            if not isinstance(record, dict):
-                raise PrepareError(f"{where}: expected a JSON object, found {type(record).__name__}")
-            if text_field not in record:
-                fields = ", ".join(sorted(record)) or "none"
-                raise PrepareError(
-                    f"{where}: no field {text_field!r} (fields: {fields}); choose one with --text-field"
-                )
-            text = record[text_field]
-            if not isinstance(text, str):
-                raise PrepareError(
-                    f"{where}: field {text_field!r} is {type(text).__name__}, allowed: a string"
-                )
-            yield Document(text, where)
-
-
-def _read_utf8(path: Path) -> str:
-    data = path.read_bytes()
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise PrepareError(f"{path}: not UTF-8 ({exc.reason} at byte {exc.start})") from exc
 
 
 def check_output_dir(output_dir: Path, *, overwrite: bool) -> None:
@@ -152,6 +69,7 @@ def prepare(
     if shard_size_tokens < 1:
         raise PrepareError(f"--shard-size-tokens {shard_size_tokens}: allowed: an integer >= 1")
     files = find_input_files(Path(input_path))
+    check_readers(files)  # a missing pyarrow or zstandard fails now, not after hours of other files
     output_dir = Path(output_dir)
     check_output_dir(output_dir, overwrite=overwrite)
     writer = ShardWriter(
@@ -198,7 +116,8 @@ def _encode_into(writer: ShardWriter, tokenizer: Tokenizer, docs: list[Document]
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m training.prepare",
-        description="Tokenize .txt or .jsonl documents into token shards for training (docs/data-format.md). "
+        description="Tokenize .txt, JSON lines (.jsonl, gzip- or zstd-compressed) or Parquet documents into token "
+        "shards for training (docs/data-format.md). "
         "Each document is followed by the tokenizer's end-of-document token; documents with only whitespace "
         "are skipped. index.json is written last: a directory without it is incomplete.",
     )
@@ -207,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         type=Path,
         metavar="FILE_OR_DIR",
-        help="a .txt or .jsonl file, or a directory searched recursively for them (read in path order)",
+        help=f"a file ({', '.join(SUFFIXES)}), or a directory searched recursively for them (read in path "
+        "order); .json.gz/.json.zst are read as JSON lines; Parquet needs pyarrow, .zst needs zstandard",
     )
     parser.add_argument(
         "--output",
@@ -234,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--text-field",
         default="text",
         metavar="NAME",
-        help="the field of each .jsonl object holding the text (default: text)",
+        help="the field of each JSON-lines object, or the string column of a Parquet file, holding the text "
+        "(default: text)",
     )
     parser.add_argument(
         "--txt-split",

@@ -7,7 +7,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from cluster_aws.errors import EXIT_FAILED, EXIT_OK
-from clusterctl.arguments import AddCommand, instance_type, positive_int, utc_time
+from clusterctl.arguments import AddCommand, HelpFormatter, instance_type, positive_int, utc_time, with_example
 from clusterctl.capacity import offerings as capacity
 from clusterctl.capacity import quota as quotas
 from clusterctl.capacity import regional
@@ -114,29 +114,45 @@ def capacity_list(args: argparse.Namespace, runtime: Runtime) -> int:
 def add_parsers(add: AddCommand, common: argparse.ArgumentParser) -> None:
     """`quota` and `capacity` (offerings, prices, purchase, list); `common` holds the global options."""
     quota_parser = add(
-        "quota", "Does the request fit the On-Demand P-instance vCPU quota (L-417A185B)? Exit 1 if not."
+        "quota", "Does the request fit the On-Demand P-instance vCPU quota (L-417A185B)? Exit 1 if not.",
+        example="clusterctl quota --instance-type p5.48xlarge --nodes 4",
     )
-    quota_parser.add_argument("--instance-type", type=instance_type, default="p5.48xlarge")
-    quota_parser.add_argument("--nodes", type=positive_int, required=True)
+    quota_parser.add_argument("--instance-type", type=instance_type, default="p5.48xlarge",
+                              help="a catalog instance type (default %(default)s)")
+    quota_parser.add_argument("--nodes", type=positive_int, required=True,
+                              help="nodes to run at once (required; no default)")
     quota_parser.set_defaults(handler=quota)
 
-    capacity_parser = add("capacity", "Capacity Blocks for ML and capacity reservations.")
-    capacity_sub = capacity_parser.add_subparsers(dest="capacity_command", required=True, metavar="ACTION")
-    offerings_parser = capacity_sub.add_parser(
-        "offerings",
-        parents=[common],
-        help="list Capacity Block offerings with their price, cheapest first (--regions: several regions at once)",
+    capacity_parser = add(
+        "capacity", "Capacity Blocks for ML and capacity reservations: offerings, prices, purchase, list.",
+        example="clusterctl capacity offerings --nodes 4 --hours 168",
     )
-    offerings_parser.add_argument("--instance-type", type=instance_type, default="p5.48xlarge")
-    offerings_parser.add_argument("--nodes", type=positive_int, required=True)
+    capacity_sub = capacity_parser.add_subparsers(dest="capacity_command", required=True, metavar="ACTION")
+
+    def add_action(name: str, help_text: str, example: str, description: str = "") -> argparse.ArgumentParser:
+        return capacity_sub.add_parser(name, parents=[common], help=help_text, description=description or help_text,
+                                       epilog=with_example(None, example), formatter_class=HelpFormatter)
+
+    offerings_parser = add_action(
+        "offerings",
+        "list Capacity Block offerings with their price, cheapest first (--regions: several regions at once)",
+        "clusterctl capacity offerings --nodes 4 --hours 168 --regions us-east-1,us-west-2",
+        description="Capacity Block offerings for --nodes instances of --instance-type for --hours, with their "
+        "upfront fee and price per instance-hour, cheapest first; buy one with `capacity purchase`.",
+    )
+    offerings_parser.add_argument("--instance-type", type=instance_type, default="p5.48xlarge",
+                                  help="a catalog instance type (default %(default)s)")
+    offerings_parser.add_argument("--nodes", type=positive_int, required=True,
+                                  help="instances in the block (required; no default)")
     offerings_parser.add_argument(
         "--hours",
         type=positive_int,
         required=True,
-        help="block length: whole days up to 14 days, then whole weeks up to 182 days",
+        help="block length: whole days up to 14 days, then whole weeks up to 182 days (required; no default)",
     )
-    offerings_parser.add_argument("--start", type=utc_time, help="earliest start (ISO 8601, UTC if no zone)")
-    offerings_parser.add_argument("--end", type=utc_time, help="latest end (ISO 8601, UTC if no zone)")
+    offerings_parser.add_argument("--start", type=utc_time,
+                                  help="earliest start (ISO 8601, UTC if no zone; default: any)")
+    offerings_parser.add_argument("--end", type=utc_time, help="latest end (ISO 8601, UTC if no zone; default: any)")
     offerings_parser.add_argument(
         "--regions",
         metavar="REGION,...",
@@ -144,25 +160,25 @@ def add_parsers(add: AddCommand, common: argparse.ArgumentParser) -> None:
         "warning, not the end (default: --region only)",
     )
     offerings_parser.set_defaults(handler=regional.capacity_offerings)
-    prices_parser = capacity_sub.add_parser(
+    prices_parser = add_action(
         "prices",
-        parents=[common],
-        help="current Spot price per AZ (EC2 Spot price history) and the on-demand price per region (AWS Price "
+        "current Spot price per AZ (EC2 Spot price history) and the on-demand price per region (AWS Price "
         "List API, else the catalog's, labelled)",
+        "clusterctl capacity prices --instance-type p5.48xlarge --regions us-east-1,us-west-2",
     )
-    prices_parser.add_argument("--instance-type", type=instance_type, default="p5.48xlarge")
+    prices_parser.add_argument("--instance-type", type=instance_type, default="p5.48xlarge",
+                               help="a catalog instance type (default %(default)s)")
     prices_parser.add_argument(
         "--regions", metavar="REGION,...", help="regions to ask in parallel (default: --region)"
     )
     prices_parser.set_defaults(handler=regional.capacity_prices)
-    purchase_parser = capacity_sub.add_parser(
+    purchase_parser = add_action(
         "purchase",
-        parents=[common],
-        help="buy a Capacity Block offering (shows what it buys and asks first) and print the cdk deploy settings",
+        "buy a Capacity Block offering (shows what it buys and asks first) and print the cdk deploy settings",
+        "clusterctl capacity purchase cb-0123456789abcdef0 --nodes 4 --hours 168",
         description="Buy a Capacity Block offering: it is looked up with the same --instance-type, --nodes, --hours "
         "(and --start, --end) that `capacity offerings` listed it with, so the prompt shows the instance type and "
-        "count, the AZ, the start and end and the upfront fee before anything is bought. Example: clusterctl "
-        "capacity purchase cb-0123456789abcdef0 --nodes 4 --hours 168",
+        "count, the AZ, the start and end and the upfront fee before anything is bought.",
     )
     purchase_parser.add_argument("offering_id", metavar="OFFERING_ID", help="cb-... from `capacity offerings`")
     purchase_parser.add_argument("--instance-type", type=instance_type, default="p5.48xlarge",
@@ -171,11 +187,13 @@ def add_parsers(add: AddCommand, common: argparse.ArgumentParser) -> None:
                                  help="the offering's instance count, as listed by `capacity offerings`")
     purchase_parser.add_argument("--hours", type=positive_int, required=True,
                                  help="the offering's length in hours, as listed by `capacity offerings`")
-    purchase_parser.add_argument("--start", type=utc_time, help="the --start `capacity offerings` was given, if any")
-    purchase_parser.add_argument("--end", type=utc_time, help="the --end `capacity offerings` was given, if any")
+    purchase_parser.add_argument("--start", type=utc_time,
+                                 help="the --start `capacity offerings` was given, if any (default: none)")
+    purchase_parser.add_argument("--end", type=utc_time,
+                                 help="the --end `capacity offerings` was given, if any (default: none)")
     purchase_parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     purchase_parser.set_defaults(handler=capacity_purchase)
-    reservations_parser = capacity_sub.add_parser(
-        "list", parents=[common], help="capacity reservations (ODCRs) and Capacity Blocks: state, AZ, end"
+    reservations_parser = add_action(
+        "list", "capacity reservations (ODCRs) and Capacity Blocks: state, AZ, end", "clusterctl capacity list"
     )
     reservations_parser.set_defaults(handler=capacity_list)

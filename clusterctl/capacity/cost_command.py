@@ -133,18 +133,22 @@ def add_parsers(add: AddCommand) -> None:
     cost_parser = add(
         "cost",
         "Estimated on-demand cost: for a plan (--instance-type, --nodes, --hours) or for a job so far (--job); at "
-        "the instance catalog's us-east-1 price, or with --region at that region's from the AWS Price List. "
-        "Example: clusterctl --region eu-north-1 cost --nodes 4 --hours 72",
+        "the instance catalog's us-east-1 price, or with --region at that region's from the AWS Price List.",
+        example="clusterctl --region eu-north-1 cost --nodes 4 --hours 72",
     )
-    cost_parser.add_argument("--instance-type", type=instance_type, default="p5.48xlarge")
-    cost_parser.add_argument("--nodes", type=positive_int)
-    cost_parser.add_argument("--hours", type=non_negative_hours, help="hours of the plan (a number >= 0)")
+    cost_parser.add_argument("--instance-type", type=instance_type, default="p5.48xlarge",
+                             help="a catalog instance type of the plan (default %(default)s)")
+    cost_parser.add_argument("--nodes", type=positive_int,
+                             help="nodes of the plan (no default: needed without --job)")
+    cost_parser.add_argument("--hours", type=non_negative_hours,
+                             help="hours of the plan, a number >= 0 (no default: needed without --job)")
     cost_parser.add_argument("--spare-nodes", type=non_negative_int, default=0, metavar="N",
-                             help="hot spares beside the plan's nodes (spareNodes; a --job takes the stack's)")
+                             help="hot spares beside the plan's nodes (spareNodes; a --job takes the stack's; "
+                             "default 0)")
     cost_parser.add_argument(
         "--job",
         metavar="JOB",
         help="a submitted job: its node-hours so far (from the job table: each attempt's nodes x its hours; for an "
-        "older job: its nodes x the time since it started)",
+        "older job: its nodes x the time since it started; default: none, a plan)",
     )
     cost_parser.set_defaults(handler=cost)

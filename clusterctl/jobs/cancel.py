@@ -1,5 +1,6 @@
-"""`clusterctl cancel`: mark the job cancelled in its record first (so the job keeper never restarts it and
-the cluster takes the next job), then stop it on every node of its current attempt that is left."""
+"""`clusterctl cancel`: mark the job cancelled in its record first (so the job keeper never restarts it and the
+one-job lock is free for the next submit: there is no queue), then stop it on every node of its current attempt
+that is left."""
 
 from __future__ import annotations
 

@@ -3,13 +3,20 @@ each (submit, status, cancel, logs); how they show a job is clusterctl.jobs.view
 
 from __future__ import annotations
 
-from clusterctl.arguments import AddCommand, non_negative_int, positive_float, positive_int, sizes_mib
-from clusterctl.jobs import cancel, logs, status, submit
+from clusterctl.arguments import (
+    JOB_ID_EXAMPLE,
+    AddCommand,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    sizes_mib,
+)
+from clusterctl.jobs import cancel, export, logs, status, submit
 from node_bootstrap.jobs import MAX_CANCEL_TIMEOUT_SECONDS, STOP_GRACE_SECONDS
 
 
 def add_parsers(add: AddCommand) -> None:
-    """`submit`, `commcheck`, `jobs`, `status`, `logs` and `cancel`."""
+    """`submit`, `commcheck`, `jobs`, `status`, `logs`, `cancel` and `export` (its parser is export.py's)."""
     submit_parser = add(
         "submit",
         "Start a training job on the ready nodes (torchrun, c10d rendezvous on the first "
@@ -20,7 +27,10 @@ def add_parsers(add: AddCommand) -> None:
         "recorded as a path), the --set items, the nodes, the rendezvous host, state starting; the same write "
         "takes the cluster's one-job lock. If some nodes fail to start the job, it is recorded as failed (the "
         "lock is given back) and stopped where it started. A stack deployed before the job table is refused: "
-        "redeploy it. Several jobs at once: deploy several stacks (--stack).",
+        "redeploy it. Several jobs at once: deploy several stacks (--stack). The config and the --set items are "
+        "checked first, offline (the trainer's own loader), before the stack is looked up.",
+        example="clusterctl submit --config training/configs/llama3-8b.toml --nodes 2 --set run.steps=1000 "
+        "--dry-run",
     )
     submit_parser.add_argument("--config", required=True, help="training TOML, e.g. training/configs/llama3-8b.toml")
     submit_parser.add_argument("--nodes", type=positive_int, help="nodes to use (default: the stack's NodeCount)")
@@ -30,7 +40,7 @@ def add_parsers(add: AddCommand) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="training config override, repeatable (e.g. --set optim.lr=3e-4)",
+        help="training config override, repeatable (e.g. --set optim.lr=3e-4; default: none)",
     )
     submit_parser.add_argument(
         "--max-restarts",
@@ -43,7 +53,14 @@ def add_parsers(add: AddCommand) -> None:
         metavar="JOB",
         default="",
         help="start from the newest complete checkpoint of an earlier job (its /fsx/checkpoints/JOB); the new "
-        "job saves only to its own directory. Without it a job starts fresh (each job has its own directory).",
+        "job saves only to its own directory. Without it (the default) a job starts fresh (each job has its "
+        "own directory).",
+    )
+    submit_parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the config and the --set items offline and print what would be sent (the resolved config's "
+        "key settings, the jobs document's parameters), with no AWS call and no credentials needed",
     )
     submit_parser.set_defaults(handler=submit.submit)
 
@@ -56,6 +73,7 @@ def add_parsers(add: AddCommand) -> None:
         "2 x p5.48xlarge about 440-480 GB/s for 1-16 GiB messages, about 350 GB/s at 4-16 nodes. Far less, "
         "or `Socket` in status's NETWORK column, means NCCL is not on EFA. The job fails (exit 1 on the "
         "nodes, state failed) when --min-busbw-gbps is given and busbw at the largest size is below it.",
+        example="clusterctl commcheck --nodes 2 --min-busbw-gbps 400",
     )
     commcheck_parser.add_argument("--nodes", type=positive_int, help="nodes to use (default: the stack's NodeCount)")
     commcheck_parser.add_argument(
@@ -90,6 +108,7 @@ def add_parsers(add: AddCommand) -> None:
         "jobs",
         "The jobs in the stack's job table, newest first: state, attempt, nodes, start, last step, and the "
         "cost so far (each attempt's nodes x its hours x the catalog's on-demand price); then the active job.",
+        example="clusterctl jobs --limit 5",
     )
     jobs_parser.add_argument("--limit", type=positive_int, default=20, help="show at most this many jobs (default 20)")
     jobs_parser.set_defaults(handler=status.jobs_list)
@@ -107,26 +126,30 @@ def add_parsers(add: AddCommand) -> None:
         "a node did not answer (state unknown); a job found in SSM's history exits 1 with one line when no "
         "node has it or all of its nodes are gone. Nodes the Auto Scaling group replaced are shown as gone "
         "(replaced) and not asked.",
+        example=f"clusterctl status {JOB_ID_EXAMPLE}",
     )
-    status_parser.add_argument("job_id", metavar="JOB")
+    status_parser.add_argument("job_id", metavar="JOB", help="the job id `clusterctl submit` printed")
     status_parser.set_defaults(handler=status.status)
 
-    logs_parser = add("logs", "A job's output from CloudWatch Logs, all nodes interleaved by time.")
-    logs_parser.add_argument("job_id", metavar="JOB")
-    logs_parser.add_argument("--node", metavar="INSTANCE_ID", help="only this node's log")
+    logs_parser = add("logs", "A job's output from CloudWatch Logs, all nodes interleaved by time.",
+                      example=f"clusterctl logs {JOB_ID_EXAMPLE} --follow")
+    logs_parser.add_argument("job_id", metavar="JOB", help="the job id `clusterctl submit` printed")
+    logs_parser.add_argument("--node", metavar="INSTANCE_ID", help="only this node's log (default: all nodes)")
     logs_parser.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until Ctrl-C")
     logs_parser.set_defaults(handler=logs.logs)
 
     cancel_parser = add(
         "cancel",
-        "Record the job as cancelled (so it is never restarted, and the cluster takes the next job), then "
+        "Record the job as cancelled (so the job keeper never restarts it, and the cluster's one-job lock is "
+        "free for the next `clusterctl submit`: nothing is queued, nothing starts by itself), then "
         "SIGTERM it on every node of its current attempt that is left (replaced nodes are shown as gone) so "
         "the trainer checkpoints, and kill what is left after the timeout.",
         epilog="A job that already ended (succeeded, failed, cancelled) is left alone: one line, exit 0, nothing "
         "sent. A job not in the job table is stopped on the nodes of its start command (SSM's history). "
         "Exits 1 when a node still reports the job running or did not answer.",
+        example=f"clusterctl cancel {JOB_ID_EXAMPLE}",
     )
-    cancel_parser.add_argument("job_id", metavar="JOB")
+    cancel_parser.add_argument("job_id", metavar="JOB", help="the job id `clusterctl submit` printed")
     cancel_parser.add_argument(
         "--timeout-seconds",
         type=int,
@@ -134,3 +157,5 @@ def add_parsers(add: AddCommand) -> None:
         help=f"seconds between SIGTERM and SIGKILL, 0-{MAX_CANCEL_TIMEOUT_SECONDS} (default %(default)s)",
     )
     cancel_parser.set_defaults(handler=cancel.cancel)
+
+    export.add_parser(add)

@@ -8,6 +8,7 @@ import argparse
 
 from cluster_aws.errors import EXIT_FAILED, EXIT_OK
 from cluster_jobs import records as job_records
+from cluster_jobs.export import CHECKPOINT_BUCKET_OUTPUT, export_place
 from cluster_jobs.node_states import NodeJobState, nodes_on_tcp, overall_state
 from cluster_jobs.request import validate_job_id
 from cluster_jobs.table import ACTIVE_STATES
@@ -63,13 +64,17 @@ def status(args: argparse.Namespace, runtime: Runtime) -> int:
     current = record.current
     states = ask(runtime, outputs, args.job_id, current.nodes, "status") if current else []
     record = copy_answers(runtime, table, record, states)
+    bucket = outputs.outputs.get(CHECKPOINT_BUCKET_OUTPUT)
     if args.json:
         report = job_view.states_json(args.job_id, states)
         report.update(state=record.state, nodesState=report["state"],
                       record=job_view.record_json(record, runtime.now()))
+        place = export_place(record, bucket)
+        if place is not None:  # an export job: where its Hugging Face directory is written, and lands in S3
+            report.update(exportDir=place.fsx_dir, exportS3Uri=place.s3_uri)
         say(runtime, to_json(report))
     else:
-        say(runtime, job_view.format_record(record))
+        say(runtime, job_view.format_record(record, bucket, overall_state(states) if states else None))
         if current is not None:
             say(runtime, "")
             print_states(args, runtime, states, f"attempt {current.number}'s nodes")

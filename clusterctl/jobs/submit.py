@@ -10,6 +10,7 @@ stopped where it started."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import TYPE_CHECKING, NoReturn
 
 from cluster_aws import stack_outputs as stack
@@ -20,6 +21,7 @@ from cluster_jobs.document import SubmitResult, query_job, submit_job
 from cluster_jobs.node_states import NodeJobState
 from cluster_jobs.request import JobRequest, new_job_id
 from cluster_jobs.table import ACTIVE_STATES, JobAlreadyActive, JobRecord, JobTable
+from clusterctl.jobs import dry_run
 from clusterctl.render import to_json
 from clusterctl.runtime import note, require_job_table, say, stack_outputs
 from instance_catalog.instance_types import get_instance_type
@@ -30,7 +32,10 @@ if TYPE_CHECKING:
 
 
 def submit(args: argparse.Namespace, runtime: Runtime) -> int:
-    return _submit(args, runtime, node_jobs.TRAINING_MODULE, args.config, tuple(args.overrides), args.resume_from)
+    request = checked_request(args, node_jobs.TRAINING_MODULE, args.config, tuple(args.overrides), args.resume_from)
+    if args.dry_run:
+        return dry_run.show(args, runtime, request)
+    return _submit(args, runtime, request)
 
 
 def commcheck(args: argparse.Namespace, runtime: Runtime) -> int:
@@ -44,7 +49,26 @@ def commcheck(args: argparse.Namespace, runtime: Runtime) -> int:
         "min_busbw_gbps": args.min_busbw_gbps,
     }
     overrides = tuple(f"{key}={value}" for key, value in options.items() if value is not None)
-    return _submit(args, runtime, node_jobs.COMMCHECK_MODULE, "", overrides)
+    return _submit(args, runtime, checked_request(args, node_jobs.COMMCHECK_MODULE, "", overrides))
+
+
+def checked_request(
+    args: argparse.Namespace, module: str, config: str, overrides: tuple[str, ...], resume_from: str = ""
+) -> JobRequest:
+    """The request, checked offline before any AWS call (the config and the --set items by the trainer's own
+    loader): a bad key is refused in one line also without credentials. Its nodes (unless --nodes) and GPUs per
+    node come from the stack's outputs later; 0 until then (`validate` does not read them)."""
+    request = JobRequest(
+        config=config,
+        nodes=args.nodes or 0,
+        gpus_per_node=0,
+        max_restarts=args.max_restarts,
+        overrides=overrides,
+        module=module,
+        resume_from=resume_from,
+    )
+    request.validate()
+    return request
 
 
 def _say_spares(runtime: Runtime, outputs: stack.StackOutputs, count: int) -> None:
@@ -60,29 +84,20 @@ def _say_spares(runtime: Runtime, outputs: stack.StackOutputs, count: int) -> No
         note(runtime, f"{nodes}: if the job loses a node, the job keeper restarts it on a spare in its next round")
 
 
-def _submit(
-    args: argparse.Namespace,
-    runtime: Runtime,
-    module: str,
-    config: str,
-    overrides: tuple[str, ...],
-    resume_from: str = "",
-) -> int:
-    """Checks, the lock, the first N ready nodes by private IP, the record, then one SendCommand per 50 nodes
-    with the rendezvous on the first: the same for a training job and a commcheck."""
+def _submit(args: argparse.Namespace, runtime: Runtime, request: JobRequest, *, job_id: str = "",
+            started: str = "", extra_json: dict[str, object] | None = None) -> int:
+    """The stack's checks, the lock, the first N ready nodes by private IP, the record, then one SendCommand per
+    50 nodes with the rendezvous on the first: the same for a training job, a commcheck and an export
+    (export.py). `request` was checked offline (checked_request). `job_id`: the job's id (default: a new one
+    from the time); `started`: the line said once the job started (default: how to follow it); `extra_json`:
+    more fields for --json."""
     assert runtime.context is not None
+    module = request.module
     outputs = stack_outputs(args, runtime)
     count = args.nodes or outputs.node_count
-    request = JobRequest(
-        config=config,
-        nodes=count,
-        gpus_per_node=get_instance_type(outputs.instance_type).gpu_count,
-        max_restarts=args.max_restarts,
-        overrides=overrides,
-        module=module,
-        resume_from=resume_from,
+    request = dataclasses.replace(
+        request, nodes=count, gpus_per_node=get_instance_type(outputs.instance_type).gpu_count
     )
-    request.validate()  # before any node is looked at
     fp8_backend = request.require_fp8_backend(outputs.fp8_backends, outputs.stack_name)  # the nodes have it
     table = require_job_table(outputs, runtime, "not submitted")
     config_text = job_records.read_config_text(request.config)
@@ -91,9 +106,9 @@ def _submit(
     _say_spares(runtime, outputs, count)
 
     now = runtime.now()
-    job_id = new_job_id(now)
+    job_id = job_id or new_job_id(now)
     checkpoint_dir = ""
-    if module == node_jobs.TRAINING_MODULE and outputs.checkpoint_root:
+    if module in (node_jobs.TRAINING_MODULE, node_jobs.EXPORT_MODULE) and outputs.checkpoint_root:
         checkpoint_dir = job_records.job_checkpoint_dir(outputs.checkpoint_root, job_id)
     assert outputs.max_job_restarts is not None  # read with the table's name
     record = job_records.new_record(
@@ -137,6 +152,7 @@ def _submit(
                     "failed": {i.instance_id: i.error for i in result.failed},
                     "jobTable": table.table_name,
                     "checkpointDir": checkpoint_dir or None,
+                    **(extra_json or {}),
                 }
             ),
         )
@@ -152,7 +168,9 @@ def _submit(
         note(runtime, f"job {job_id} started, but its record still says starting: {one_line(str(e), 200)}")
     if args.json:
         return EXIT_OK
-    if module == node_jobs.COMMCHECK_MODULE:
+    if started:
+        say(runtime, started)
+    elif module == node_jobs.COMMCHECK_MODULE:
         say(
             runtime,
             f"all_reduce check started on {len(selected)} x {outputs.instance_type} "

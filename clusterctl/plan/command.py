@@ -21,6 +21,7 @@ from clusterctl.plan.workload import Workload, load_workload
 from clusterctl.render import to_json
 from clusterctl.runtime import say
 from instance_catalog.instance_types import INSTANCE_TYPES, get_instance_type
+from training.config import packaged_config_names
 from training.shapes import count_params
 
 if TYPE_CHECKING:
@@ -47,11 +48,13 @@ def add_parsers(add: AddCommand) -> None:
         "(--explain shows it all). Time: "
         "training.shapes.flops_per_token x tokens / (GPUs x dense BF16 peak x MFU). Cost: the catalog's "
         "us-east-1 on-demand price, plus the stack's FSx for Lustre (cdk.json's size and throughput tier) at its "
-        "us-east-1 list price. Example: clusterctl plan --model llama3-8b --tokens 200B",
+        "us-east-1 list price.",
+        example="clusterctl plan --model llama3-8b --tokens 200B",
     )
     parser.add_argument(
         "--model", required=True,
-        help="a preset (1b, llama3-8b, llama3-70b, ...: its packaged config) or a training config TOML file",
+        help=f"a packaged training config ({', '.join(packaged_config_names())}), named as `python -m training "
+        "--config` names it, or a training config TOML file",
     )
     parser.add_argument("--tokens", required=True, help="tokens to train: a positive count, e.g. 200B, 1T, 2e11")
     parser.add_argument(
@@ -62,7 +65,7 @@ def add_parsers(add: AddCommand) -> None:
                        help=f"plan this node count, 1 to {MAX_NODES} (default: the count chosen per --choose)")
     count.add_argument(
         "--deadline-days", type=positive_float, metavar="DAYS",
-        help="the fewest nodes that finish within DAYS",
+        help="the fewest nodes that finish within DAYS (default: no deadline)",
     )
     parser.add_argument(
         "--horizon-days", type=positive_float, metavar="DAYS", default=HORIZON_DAYS,

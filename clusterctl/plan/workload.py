@@ -1,9 +1,10 @@
-"""What `clusterctl plan` plans for: a model and the shape of its training step, from a preset name or a
-training config file, read by the trainer's own loader (training.config.load_config, which imports no torch)
-so a config means the same model and step to the plan as to the run.
+"""What `clusterctl plan` plans for: a model and the shape of its training step, from a packaged config's name
+(the names `python -m training --config` takes) or a training config file, read by the trainer's own loader
+(training.config.load_config, which imports no torch) so a config means the same model and step to the plan as
+to the run.
 
-A preset name stands for the packaged config of that preset (`llama3-70b` -> training/configs/llama3-70b.toml),
-so the plan uses the sequence length, micro-batch and settings that `clusterctl submit` would run.
+A name stands for its packaged config (`llama3-70b` -> training/configs/llama3-70b.toml), so the plan uses the
+sequence length, micro-batch and settings that `clusterctl submit` would run.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cluster_aws.errors import EXIT_USAGE, ClusterctlError
-from training.config import CONFIGS_DIR, TrainConfig, load_config
-from training.config_sections import MODEL_PRESETS, ModelConfig
+from training.config import CONFIGS_DIR, TrainConfig, load_config, packaged_config_names
+from training.config_sections import ModelConfig
 from training.errors import ConfigError
 
 
@@ -41,7 +42,7 @@ class Workload:
 
 
 def load_workload(model: str, seq_len: int | None = None, micro_batch_size: int | None = None) -> Workload:
-    """The workload for `--model`: a preset name or a training TOML; --seq-len and --micro-batch-size win (as
+    """The workload for `--model`: a packaged config's name or a training TOML; --seq-len and --micro-batch-size win (as
     `--set run.seq_len=...` would on the nodes)."""
     path, config = _config_path(model)
     overrides = [f"run.{key}={value}" for key, value in
@@ -68,29 +69,16 @@ def load_workload(model: str, seq_len: int | None = None, micro_batch_size: int 
     )
 
 
-def packaged_config_for(preset: str) -> Path | None:
-    """The packaged config whose [model] preset is `preset` (its own name first: 1b -> 1b.toml)."""
-    for path in sorted(CONFIGS_DIR.glob("*.toml"), key=lambda p: (p.stem != preset, p.name)):
-        if _load(path, []).model.preset == preset:
-            return path
-    return None
-
-
 def _config_path(model: str) -> tuple[Path, str]:
     """(the file to read, the --config to print for submit)."""
-    if model in MODEL_PRESETS:
-        packaged = packaged_config_for(model)
-        if packaged is None:
-            raise ClusterctlError(f"--model {model}: no config in {CONFIGS_DIR} uses this preset", EXIT_USAGE)
-        return packaged, f"training/configs/{packaged.name}"
+    if model in packaged_config_names():
+        return CONFIGS_DIR / f"{model}.toml", f"training/configs/{model}.toml"
     path = Path(model)
     if path.is_file():
         return path, model
-    packaged = CONFIGS_DIR / f"{model}.toml"
-    if packaged.is_file():
-        return packaged, f"training/configs/{packaged.name}"
     raise ClusterctlError(
-        f"--model {model!r}: allowed: a preset ({', '.join(MODEL_PRESETS)}) or a training config TOML file",
+        f"--model {model!r}: allowed: a packaged config ({', '.join(packaged_config_names())}) or a training "
+        "config TOML file",
         EXIT_USAGE,
     )
 

@@ -64,6 +64,7 @@ def add_parsers(add: AddCommand) -> None:
         "The job is the one the job table names active (stack output JobTableName; on a stack deployed before "
         "it: the job with the newest step metric in the last 3 hours). Each refresh is a few GetMetricData "
         "calls, billed per metric asked for, and two DynamoDB GetItem reads.",
+        example="clusterctl top --interval 30",
     )
     parser.add_argument("--once", action="store_true", help="print one snapshot and exit (for scripts)")
     parser.add_argument("--interval", type=interval, default=DEFAULT_INTERVAL_S, metavar="SECONDS",

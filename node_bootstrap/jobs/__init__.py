@@ -8,6 +8,8 @@ ssm:SendCommand (docs/architecture.md section 5):
         [--attempt K]
     python3 -m node_bootstrap.jobs start  --job-id J --module training.commcheck --nodes N \
         --gpus-per-node G --rendezvous-host IP --max-restarts 0 [--overrides "min_busbw_gbps=350"]
+    python3 -m node_bootstrap.jobs start  --job-id J-hf-xxxx --module training.export --nodes 1 \
+        --gpus-per-node G --rendezvous-host IP --resume-from J [--overrides "step=N"]
     python3 -m node_bootstrap.jobs status --job-id J
     python3 -m node_bootstrap.jobs cancel --job-id J [--timeout-seconds 120]
 
@@ -26,6 +28,9 @@ setsid; for containers and tests, where systemd is not running). Both run the sa
 A job restarted on a new node set (the job keeper's `start --attempt K`, K > 1) runs again under the same job
 id, checkpoint directory and rendezvous id; on a node that ran an earlier attempt, the previous status is
 kept aside and the job log is appended to (attempts.py, attempt_log.py).
+
+What the cluster side reads (modules, states, file names, parameter patterns, exit codes) is the job contract,
+node_bootstrap/job_contract.py, outside this package: its readers (the job keeper) ship it without the launcher.
 
 Modules, in dependency order: errors (exit codes, JobError), settings (node config), spec (JobSpec, JobFiles,
 the torchrun argv), logs (the job log to CloudWatch), attempt_log (where an attempt begins in the job log),
@@ -84,12 +89,19 @@ from node_bootstrap.jobs.logs import (
 from node_bootstrap.jobs.progress import ProgressWatch
 from node_bootstrap.jobs.settings import DEFAULT_NODE_CONFIG, JobSettings, load_settings, under_root
 from node_bootstrap.jobs.spec import (
+    ABORT_STOP_SECONDS,
     ATTEMPT_RE,
+    CANCEL_ABORT,
     CANCEL_AFTER_WAIT_SECONDS,
+    CANCEL_MODES,
+    CANCEL_SAVE,
     CHECKPOINT_DIR_KEY,
     COMMAND_TIMEOUT_SECONDS,
     COMMCHECK_MODULE,
     CONFIG_RE,
+    EXPORT_MODULE,
+    EXPORT_OPTION_RE,
+    EXPORT_OUT_DIR,
     HOST_RE,
     JOB_ID_RE,
     LOCAL_CHECKPOINT_DIR_KEY,
@@ -108,6 +120,7 @@ from node_bootstrap.jobs.spec import (
     build_torchrun_argv,
     check_not_checkpoint_dir,
     checkpoint_dir,
+    export_out_dir,
     local_checkpoint_dir,
     parse_attempt,
     read_json,
@@ -120,8 +133,12 @@ from node_bootstrap.jobs.spec import (
 from node_bootstrap.jobs.supervise import Supervisor, build_job_command, exit_code_of
 
 __all__ = [
+    "ABORT_STOP_SECONDS",
     "ATTEMPT_RE",
+    "CANCEL_ABORT",
     "CANCEL_AFTER_WAIT_SECONDS",
+    "CANCEL_MODES",
+    "CANCEL_SAVE",
     "CHECKPOINT_DIR_KEY",
     "LOCAL_CHECKPOINT_DIR_KEY",
     "CLOUDWATCH_AGENT_CTL",
@@ -134,6 +151,9 @@ __all__ = [
     "EXIT_NOT_FOUND",
     "EXIT_OK",
     "EXIT_USAGE",
+    "EXPORT_MODULE",
+    "EXPORT_OPTION_RE",
+    "EXPORT_OUT_DIR",
     "HOST_RE",
     "JOB_ID_RE",
     "LOG_HEAD_BYTES",
@@ -171,6 +191,7 @@ __all__ = [
     "local_checkpoint_dir",
     "descendants",
     "exit_code_of",
+    "export_out_dir",
     "find_busbw",
     "find_last_event",
     "find_last_step",

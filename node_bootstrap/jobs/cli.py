@@ -13,6 +13,9 @@ from node_bootstrap.jobs.errors import EXIT_OK, JobError
 from node_bootstrap.jobs.launch import start_job
 from node_bootstrap.jobs.settings import DEFAULT_NODE_CONFIG, load_settings
 from node_bootstrap.jobs.spec import (
+    ABORT_STOP_SECONDS,
+    CANCEL_MODES,
+    CANCEL_SAVE,
     MAX_ATTEMPT,
     MODULES,
     STOP_GRACE_SECONDS,
@@ -48,8 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"the job's attempt, an integer 1-{MAX_ATTEMPT}: 1 (default) for its first start, "
                        "one more for each restart on a new node set")
     start.add_argument("--module", choices=MODULES, default=TRAINING_MODULE,
-                       help="what torchrun runs: training (default) or training.commcheck (all_reduce "
-                       "bandwidth check)")
+                       help="what the job runs: training (default) or training.commcheck (all_reduce "
+                       "bandwidth check) under torchrun; training.export (a checkpoint of --resume-from's job "
+                       "to a Hugging Face directory in this job's checkpoint directory) as one process, "
+                       "--nodes 1")
     start.add_argument("--config", default="",
                        help="training TOML, relative to the bundle dir or absolute (training only; required "
                        "there, empty for training.commcheck)")
@@ -60,10 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--max-restarts", type=int, default=3, help="torchrun --max-restarts (default 3)")
     start.add_argument("--overrides", default="",
                        help='space-separated "k=v k2=v2": training --set items, or for training.commcheck '
-                       "its options (min_busbw_gbps=350 -> --min-busbw-gbps 350)")
+                       "its options (min_busbw_gbps=350 -> --min-busbw-gbps 350), for training.export "
+                       "step=N (default: the newest complete step)")
     start.add_argument("--resume-from", default="", metavar="JOB_ID",
                        help="training: start from the newest complete checkpoint of that job's directory "
-                       "when this job's own has none (it still saves only to its own); default: only its own")
+                       "when this job's own has none (it still saves only to its own); default: only its own. "
+                       "training.export: the job whose checkpoint it exports (required)")
     start.add_argument(
         "--stop-grace-seconds", type=int, default=STOP_GRACE_SECONDS,
         help="seconds from SIGTERM to SIGKILL: the unit's TimeoutStopSec, and torchrun's --shutdown-timeout "
@@ -80,10 +87,17 @@ def build_parser() -> argparse.ArgumentParser:
                                 "network NCCL chose on this node, all for its current attempt")
     status.add_argument("--job-id", required=True)
 
-    cancel = sub.add_parser("cancel", help="SIGTERM (the trainer checkpoints), wait, then kill")
+    cancel = sub.add_parser("cancel", help="SIGTERM (the trainer checkpoints), wait, then kill; --mode abort: "
+                            "kill at once, no checkpoint")
     cancel.add_argument("--job-id", required=True)
     cancel.add_argument("--timeout-seconds", type=float, default=float(STOP_GRACE_SECONDS),
-                        help="how long to wait after SIGTERM before SIGKILL (default %(default).0f)")
+                        help="how long to wait after SIGTERM before SIGKILL (default %(default).0f; the job keeper "
+                        f"gives an abort {ABORT_STOP_SECONDS})")
+    cancel.add_argument("--mode", choices=CANCEL_MODES, default=CANCEL_SAVE,
+                        help="save (default): the trainer's collective checkpoint after SIGTERM (a user's cancel, a "
+                        "Capacity Block's end); abort: SIGKILL to torchrun and its workers at once, no checkpoint "
+                        "(the job keeper stopping the survivors of an attempt that lost a node: the job restarts "
+                        "from its newest checkpoint, and a collective save would block without the lost node)")
 
     supervise = sub.add_parser("supervise", help="internal: the process `start` launches")
     supervise.add_argument("--job-id", required=True)
@@ -106,7 +120,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         elif args.command == "status":
             result = job_status(settings, args.job_id)
         else:
-            result = cancel_job(settings, args.job_id, args.timeout_seconds)
+            result = cancel_job(settings, args.job_id, args.timeout_seconds, args.mode)
     except JobError as e:
         print(json.dumps({"jobId": getattr(args, "job_id", None), "error": str(e)}, sort_keys=True))
         print(f"error: {e}", file=sys.stderr)

@@ -12,9 +12,12 @@ import time
 from typing import NamedTuple, Optional
 
 from node_bootstrap.jobs.attempt_log import attempt_part
-from node_bootstrap.jobs.errors import EXIT_NOT_FOUND, JobError
+from node_bootstrap.jobs.errors import EXIT_NOT_FOUND, EXIT_USAGE, JobError
 from node_bootstrap.jobs.settings import JobSettings
 from node_bootstrap.jobs.spec import (
+    CANCEL_ABORT,
+    CANCEL_MODES,
+    CANCEL_SAVE,
     COMMCHECK_MODULE,
     STOP_GRACE_SECONDS,
     TRAINING_MODULE,
@@ -253,17 +256,29 @@ def wait_for_end(status_path: str, job_id: str, timeout_seconds: float) -> Optio
         time.sleep(0.2)
 
 
-def cancel_job(settings: JobSettings, job_id: str,
-               timeout_seconds: float = STOP_GRACE_SECONDS) -> dict[str, object]:
-    """SIGTERM to the supervisor, which forwards it to torchrun so the trainer checkpoints; after
-    `timeout_seconds`, SIGKILL to everything the job started, then stop the unit."""
+# What an abort's stop request says (the supervisor records it in the status).
+ABORT_REQUEST_BY = "cancel --mode abort"
+ABORT_REQUEST_REASON = ("the job's attempt ended (a node lost, unhealthy or hung): the job restarts from its newest "
+                        "checkpoint, so no checkpoint is saved")
+
+
+def cancel_job(settings: JobSettings, job_id: str, timeout_seconds: float = STOP_GRACE_SECONDS,
+               mode: str = CANCEL_SAVE) -> dict[str, object]:
+    """mode save: SIGTERM to the supervisor, which forwards it to torchrun so the trainer checkpoints. mode
+    abort: a stop request with mode "abort" first, so the supervisor SIGKILLs torchrun and its workers at once.
+    Either way, after `timeout_seconds`, SIGKILL to everything the job started, then stop the unit."""
     validate_cancel_timeout(timeout_seconds)
+    if mode not in CANCEL_MODES:
+        raise JobError(f"mode={mode!r}: allowed: {', '.join(CANCEL_MODES)}", EXIT_USAGE)
     status = job_status(settings, job_id)
     if status.get("state") != "running":
         status["cancel"] = "already {}".format(status.get("state"))
         return status
     files = JobFiles.of(settings, job_id)
     supervisor_pid = int(status["supervisorPid"])  # type: ignore[call-overload]
+    if mode == CANCEL_ABORT:
+        write_json_atomic(files.stop_request_path, {"by": ABORT_REQUEST_BY, "reason": ABORT_REQUEST_REASON,
+                                                    "at": utc_now(), "mode": CANCEL_ABORT})
     if status.get("launcher") == "systemd" and shutil.which("systemctl"):
         subprocess.run(["systemctl", "kill", "--kill-whom=main", "--signal=SIGTERM", files.unit + ".service"],
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
@@ -273,7 +288,7 @@ def cancel_job(settings: JobSettings, job_id: str,
         except ProcessLookupError:
             pass
     ended = wait_for_end(files.status_path, job_id, timeout_seconds)
-    how = "stopped by SIGTERM"
+    how = "aborted: SIGKILL at once" if mode == CANCEL_ABORT else "stopped by SIGTERM"
     if ended is None:
         how = f"SIGKILL after {timeout_seconds:.0f} s"
         if process_alive(supervisor_pid, job_id):

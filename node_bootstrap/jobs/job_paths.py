@@ -6,9 +6,10 @@ The job user gets only its job's own directories and file, each inside a directo
 - its scratch, <scratch>/jobs/<job id>: its HOME and TMPDIR, so each job starts with a clean home (torch's,
   Triton's and pip's caches and ~/.local live there) that a later attempt of the same job on the node finds again;
 - a training job's checkpoint directory <checkpointRoot>/<job id> on FSx and its local checkpoint tier
-  <scratch>/checkpoints/<job id>.
+  <scratch>/checkpoints/<job id>;
+- an export job's checkpoint directory <checkpointRoot>/<job id> (where it writes the Hugging Face directory).
 Other jobs' scratch and local checkpoints go. Other jobs' checkpoint directories on FSx are sealed: root's,
-read-only to the job user (seal_tree), which still reads them for a `--resume-from`.
+read-only to the job user (seal_tree), which still reads them for a `--resume-from` or an export.
 Why at the start and not at the end of a job: the cluster runs one job at a time (the job table's lock), so
 every other job has ended for good when one starts, whatever node it ended on (a lost node never reports
 an end); and the job user's code runs only from a start on. A later attempt of the same job gets its
@@ -26,6 +27,7 @@ from node_bootstrap.jobs.errors import JobError
 from node_bootstrap.jobs.safe_paths import open_dir, own_dir, own_file, remove_all_but, root_dir, seal_tree, trusted_dir
 from node_bootstrap.jobs.settings import JobSettings
 from node_bootstrap.jobs.spec import (
+    EXPORT_MODULE,
     TRAINING_MODULE,
     JobFiles,
     JobSpec,
@@ -59,7 +61,7 @@ def prepare_job_paths(settings: JobSettings, spec: JobSpec, files: JobFiles, acc
     home = prepare_job_scratch(settings, spec.job_id, account)
     # every start ends what earlier jobs left writable, a commcheck's too: it runs code as the job user as well
     training = spec.module == TRAINING_MODULE
-    prepare_checkpoints(settings, spec, account, own=training)
+    prepare_checkpoints(settings, spec, account, own=training or spec.module == EXPORT_MODULE)
     prepare_local_checkpoints(settings, spec.job_id, account, own=training)
     return home
 
@@ -76,21 +78,25 @@ def prepare_job_scratch(settings: JobSettings, job_id: str, account: Account) ->
 
 
 def prepare_checkpoints(settings: JobSettings, spec: JobSpec, account: Account, own: bool = True) -> None:
-    """The job's checkpoint directory on FSx (`own`: a training job has one), the user's; every other job's
-    there sealed."""
+    """The job's checkpoint directory on FSx (`own`: a training or export job has one), the user's; every other
+    job's there sealed. The directory of the job a resume or an export reads must exist, checked first: a start
+    refused for its absence leaves nothing behind."""
     with _holder(settings.checkpoint_root, account) as holder:
+        if spec.resume_from:
+            other = checkpoint_dir(settings, spec.resume_from)
+            fd = open_dir(holder, spec.resume_from, f"resume-from={spec.resume_from!r}: {other}")
+            if fd is None:
+                if spec.module == EXPORT_MODULE:
+                    raise JobError(f"export of job {spec.resume_from}: no checkpoint directory {other} on this "
+                                   "node (the job saved no checkpoint)")
+                raise JobError(f"resume-from={spec.resume_from!r}: no checkpoint directory {other} on this node")
+            os.close(fd)
         if own:
             where = f"the job's checkpoint directory {checkpoint_dir(settings, spec.job_id)}"
             os.close(own_dir(holder, spec.job_id, where, account))
         for name in sorted(os.listdir(holder)):
             if name != spec.job_id:
                 seal_tree(holder, name, account)
-        if spec.resume_from:
-            other = checkpoint_dir(settings, spec.resume_from)
-            fd = open_dir(holder, spec.resume_from, f"resume-from={spec.resume_from!r}: {other}")
-            if fd is None:
-                raise JobError(f"resume-from={spec.resume_from!r}: no checkpoint directory {other} on this node")
-            os.close(fd)
 
 
 def prepare_local_checkpoints(settings: JobSettings, job_id: str, account: Account, own: bool = True) -> None:

@@ -3,7 +3,7 @@
 import os
 from dataclasses import dataclass
 
-from node_bootstrap.config import ConfigError, load_node_config
+from node_bootstrap.config import DEFAULT_JOB_HANG_FLOOR_SECONDS, ConfigError, load_node_config
 from node_bootstrap.jobs.errors import EXIT_USAGE, JobError
 
 DEFAULT_NODE_CONFIG = "/etc/cluster/node-config.json"
@@ -32,6 +32,8 @@ class JobSettings:
     # load_settings always reads these two from the node config; the defaults (the stack's) serve direct callers
     hang_timeout_s: float = 1800.0  # training.jobHangTimeoutSeconds: no trainer step for this long -> hung; 0: off
     start_timeout_s: float = 3600.0  # training.jobStartTimeoutSeconds: the same for the first step after a (re)start
+    # training.jobHangFloorSeconds: the least a hang timeout learned from the step cadence can be (progress.py)
+    hang_floor_s: float = float(DEFAULT_JOB_HANG_FLOOR_SECONDS)
     # <scratch.mountPoint>/checkpoints: the local checkpoint tier's <root>/<job id> on the node's NVMe; "": none
     local_checkpoint_root: str = ""
     # <scratch.mountPoint>/jobs: each job's own scratch <root>/<job id>, its HOME and TMPDIR; "": none
@@ -58,6 +60,7 @@ def load_settings(root: str = "/", node_config: str = DEFAULT_NODE_CONFIG) -> Jo
         log_group_name=config.logging.log_group_name,
         hang_timeout_s=float(training.job_hang_timeout_seconds),
         start_timeout_s=float(training.job_start_timeout_seconds),
+        hang_floor_s=float(training.job_hang_floor_seconds),
         local_checkpoint_root=os.path.join(under_root(root, config.scratch.mount_point), LOCAL_CHECKPOINTS),
         job_scratch_root=os.path.join(under_root(root, config.scratch.mount_point), JOB_SCRATCH),
     )

@@ -8,18 +8,38 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
+# The contract with the cluster lives at the bottom (node_bootstrap/job_contract.py): re-exported here for
+# the package's own modules and its callers.
+from node_bootstrap.job_contract import (  # noqa: F401
+    ABORT_STOP_SECONDS,
+    ATTEMPT_RE,
+    CANCEL_ABORT,
+    CANCEL_MODES,
+    CANCEL_SAVE,
+    CHECKPOINT_DIR_KEY,
+    COMMCHECK_MODULE,
+    CONFIG_RE,
+    EXPORT_MODULE,
+    EXPORT_OPTION_RE,
+    EXPORT_OUT_DIR,
+    HOST_RE,
+    JOB_ID_RE,
+    LOCAL_CHECKPOINT_DIR_KEY,
+    MAX_ATTEMPT,
+    MODULES,
+    OVERRIDE_RE,
+    STATES,
+    STATUS_FILE,
+    STOP_GRACE_SECONDS,
+    STOP_REQUEST_FILE,
+    TRAINING_MODULE,
+    check_not_checkpoint_dir,
+)
 from node_bootstrap.jobs.errors import EXIT_USAGE, JobError
 from node_bootstrap.jobs.settings import JobSettings
 
 UNIT_PREFIX = "training-job-"
-# hung: the supervisor stopped a job whose trainer logged no step for the hang timeout (progress.py)
-STATES = ("running", "succeeded", "failed", "cancelled", "hung")
-# The one budget from SIGTERM to SIGKILL for a job: systemd's TimeoutStopSec for its unit, and within it
-# torchrun's --shutdown-timeout (torch.distributed.run: SIGTERM to the workers, then SIGKILL after that many
-# seconds; without the option torchrun takes TORCH_ELASTIC_SHUTDOWN_TIMEOUT or 30 s, torch/distributed/
-# launcher/api.py), so the trainer's SIGTERM checkpoint gets almost all of it.
-STOP_GRACE_SECONDS = 120
-TORCHRUN_EXIT_SECONDS = 10  # of the grace: torchrun's own exit and the supervisor's status write after it
+TORCHRUN_EXIT_SECONDS = 10  # of the stop grace: torchrun's own exit and the supervisor's status write after it
 # The SSM document's step (aws:runShellScript timeoutSeconds) stops a node command after this long.
 COMMAND_TIMEOUT_SECONDS = 900
 # What `cancel` may still need after its SIGTERM wait: up to 10 s for the end to be recorded after SIGKILL,
@@ -27,31 +47,8 @@ COMMAND_TIMEOUT_SECONDS = 900
 CANCEL_AFTER_WAIT_SECONDS = 10 + (STOP_GRACE_SECONDS + 30) + 60
 # The longest SIGTERM wait `cancel` takes: the rest of the step's time, so a cancel is never cut off by it.
 MAX_CANCEL_TIMEOUT_SECONDS = COMMAND_TIMEOUT_SECONDS - CANCEL_AFTER_WAIT_SECONDS
-# Written into the job's directory by whoever stops a job for a reason of its own (the node health monitor,
-# before its SIGTERM): {"by": ..., "reason": ..., "at": ...}; the supervisor records it in the status.
-STOP_REQUEST_FILE = "stop-request.json"
-
-# The SSM document's allowedPatterns (cluster_constructs/jobs.py) are the same expressions: SSM rejects a
-# bad value before anything runs, and this module rejects it again for direct callers.
-JOB_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{2,62}$")
-CONFIG_RE = re.compile(r"^[A-Za-z0-9_./-]+\.toml$")
-HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]{0,252}$")
-OVERRIDE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.]*=[A-Za-z0-9_.:/+,@%-]*$")
-# A job's attempt: 1 for the submit, one more for each restart on a new node set (the job keeper's). The
-# document's `attempt` parameter takes the same values.
-MAX_ATTEMPT = 1000
-ATTEMPT_RE = re.compile(r"^(?:[1-9][0-9]{0,2}|1000)$")
-
-# What torchrun runs (`-m MODULE`): the trainer, or the all_reduce bandwidth check (training/commcheck.py).
-TRAINING_MODULE = "training"
-COMMCHECK_MODULE = "training.commcheck"
-MODULES = (TRAINING_MODULE, COMMCHECK_MODULE)
 # commcheck's overrides become its options (key=value -> --key value, _ -> -): a plain key, no dots.
 _OPTION_KEY_RE = re.compile(r"^[a-z][a-z0-9_]*$")
-# A job's checkpoints go to <checkpointRoot>/<job id> and nowhere else: the launcher sets this key itself.
-CHECKPOINT_DIR_KEY = "checkpoint.dir"
-# ... and its local checkpoint tier to <scratch>/checkpoints/<job id> on each node (training.checkpoint.local_tier)
-LOCAL_CHECKPOINT_DIR_KEY = "checkpoint.local_dir"
 
 
 def utc_now() -> str:
@@ -88,9 +85,11 @@ class JobSpec:
             config_allowed = "a .toml path of letters, digits, _ . / - without '..'"
         else:
             config_ok, config_allowed = self.config == "", f"empty: {self.module} takes no training config"
+        export = self.module == EXPORT_MODULE
         checks = [
             ("config", self.config, config_ok, config_allowed),
-            ("nodes", self.nodes, 1 <= self.nodes <= 4096, "1-4096"),
+            ("nodes", self.nodes, 1 <= self.nodes <= 4096 and (self.nodes == 1 or not export),
+             f"1 for {self.module} (one process on one node)" if export else "1-4096"),
             ("gpus-per-node", self.gpus_per_node, 1 <= self.gpus_per_node <= 64, "1-64"),
             ("rendezvous-host", self.rendezvous_host, bool(HOST_RE.fullmatch(self.rendezvous_host)),
              "an IP address or host name"),
@@ -112,27 +111,24 @@ class JobSpec:
             if self.module == COMMCHECK_MODULE and not _OPTION_KEY_RE.fullmatch(item.split("=", 1)[0]):
                 raise JobError(f"overrides item {item!r}: allowed for {self.module}: option=value with an "
                                "option name of a-z 0-9 _ (e.g. min_busbw_gbps=350)", EXIT_USAGE)
+            if export and not EXPORT_OPTION_RE.fullmatch(item):
+                raise JobError(f"overrides item {item!r}: allowed for {self.module}: step=N, the checkpoint step "
+                               "to export", EXIT_USAGE)
             check_not_checkpoint_dir(item)
+        if export and len(self.overrides) > 1:
+            raise JobError(f"overrides={' '.join(self.overrides)!r}: allowed for {self.module}: one step=N at most",
+                           EXIT_USAGE)
+        if export and not self.resume_from:
+            raise JobError(f"resume-from='': {self.module} needs the id of the job whose checkpoint it exports",
+                           EXIT_USAGE)
         if self.resume_from:
-            if self.module != TRAINING_MODULE:
-                raise JobError(f"resume-from={self.resume_from!r}: allowed only for {TRAINING_MODULE}", EXIT_USAGE)
+            if self.module == COMMCHECK_MODULE:
+                raise JobError(f"resume-from={self.resume_from!r}: allowed only for {TRAINING_MODULE} and "
+                               f"{EXPORT_MODULE}", EXIT_USAGE)
             if not JOB_ID_RE.fullmatch(self.resume_from) or self.resume_from == self.job_id:
                 raise JobError(f"resume-from={self.resume_from!r}: allowed: the id of another job, whose "
-                               "checkpoint directory this job starts from", EXIT_USAGE)
-
-
-def check_not_checkpoint_dir(item: str) -> None:
-    """A --set of checkpoint.dir is refused: jobs write only their own directory, and --resume auto loads
-    only from there (a directory another job or the checkpoint bucket fills is trusted only on request)."""
-    key = item.split("=", 1)[0].strip()
-    if key == LOCAL_CHECKPOINT_DIR_KEY:
-        raise JobError(f"overrides item {item!r}: not allowed: a job's local checkpoints go to the node's scratch, "
-                       "<scratch>/checkpoints/<job id>; set checkpoint.local_interval_steps to use them (0: off)",
-                       EXIT_USAGE)
-    if key == CHECKPOINT_DIR_KEY:
-        raise JobError(f"overrides item {item!r}: not allowed: a job's checkpoints go to <checkpoint root>/<job "
-                       "id>; to start from another job's checkpoints, resume from that job (clusterctl submit "
-                       "--resume-from JOB)", EXIT_USAGE)
+                               "checkpoint directory this job " + ("exports" if export else "starts from"),
+                               EXIT_USAGE)
 
 
 def parse_attempt(text: str) -> int:
@@ -171,6 +167,11 @@ def checkpoint_dir(settings: JobSettings, job_id: str) -> str:
     return f"{settings.checkpoint_root.rstrip('/')}/{job_id}"
 
 
+def export_out_dir(settings: JobSettings, job_id: str) -> str:
+    """Where an export job writes the Hugging Face directory: inside its own checkpoint directory."""
+    return f"{checkpoint_dir(settings, job_id)}/{EXPORT_OUT_DIR}"
+
+
 @dataclass(frozen=True)
 class JobFiles:
     """Where one job's files live on the node (docs/architecture.md section 5)."""
@@ -188,7 +189,7 @@ class JobFiles:
         job_dir = os.path.join(settings.jobs_dir, job_id)
         return cls(
             job_dir=job_dir,
-            status_path=os.path.join(job_dir, "status.json"),
+            status_path=os.path.join(job_dir, STATUS_FILE),
             spec_path=os.path.join(job_dir, "job.json"),
             supervisor_log=os.path.join(job_dir, "supervisor.log"),
             stop_request_path=os.path.join(job_dir, STOP_REQUEST_FILE),
@@ -232,7 +233,11 @@ def build_torchrun_argv(settings: JobSettings, spec: JobSpec) -> list[str]:
     """The command every node runs. c10d rendezvous on the first node: the same argv on every node, node
     ranks assigned by the rendezvous (torchrun docs, "Usage: multi-node multi-worker"). The trainer gets
     its config, resume (from its own directory; from another job's only with resume_from) and its own
-    checkpoint directory; commcheck gets only its options."""
+    checkpoint directory; commcheck gets only its options. An export runs no torchrun: one process, whose
+    paths the launcher makes from the two job ids (the source's directory, read; its own, written)."""
+    if spec.module == EXPORT_MODULE:
+        return [settings.python, "-m", EXPORT_MODULE, "--checkpoint", checkpoint_dir(settings, spec.resume_from),
+                "--out", export_out_dir(settings, spec.job_id)] + build_option_args(spec.overrides)
     argv = [
         settings.python, "-m", "torch.distributed.run",
         "--nnodes", str(spec.nodes),

@@ -79,6 +79,11 @@ def run_round_checks(expected: ExpectedHardware, runner: Runner, kernel_log: Ker
 def _xid_check(kernel_log: KernelLogRead, events: list[XidEvent]) -> Check:
     if not kernel_log.ok:
         return Check("xid", WARN, str(kernel_log.error))
+    return xid_check(events)
+
+
+def xid_check(events: list[XidEvent]) -> Check:
+    """The new Xid events' verdict: the round's check, and the follower's (follow.py) on each kernel line."""
     fatal = [e for e in events if e.verdict.action in UNUSABLE_ACTIONS]
     other = [e for e in events if e.verdict.action not in UNUSABLE_ACTIONS and e.verdict.action != IGNORE]
     if fatal:

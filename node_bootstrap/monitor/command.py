@@ -1,9 +1,10 @@
-"""`python3 -m node_bootstrap monitor [--once] [--dry-run] [--json]`: rounds of the node health monitor.
+"""`python3 -m node_bootstrap monitor [--once] [--dry-run] [--json] | --follow`: the node health monitor.
 
 With --once (what the systemd timer runs) one round, then exit: 0 healthy (warnings included), 1 unhealthy.
 Without it, a round every monitor.intervalSeconds until SIGTERM, for hosts without systemd. --dry-run runs
 the read-only probes, prints the mutating commands it would run and saves no state, so the next real round
-still sees the same new events.
+still sees the same new events. --follow (what the follower service runs) follows the kernel log and answers
+a fatal Xid at once (follow.py); it returns only when the kernel log ends (exit 2; systemd restarts it).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from node_bootstrap.host import Host
 from node_bootstrap.imds import Imds, InstanceIdentity
 from node_bootstrap.logs import MONITOR_LOG_FILE, setup_logging
 from node_bootstrap.monitor.actions import Responder
+from node_bootstrap.monitor.follow import follow_kernel_log, open_kernel_log_stream
 from node_bootstrap.monitor.rounds import RoundOutcome, run_round
 from node_bootstrap.runner import Runner
 
@@ -39,6 +41,8 @@ def run_monitor(args, config: NodeConfig, host: Host, runner: Runner, imds: Imds
         return EXIT_ERROR
     identity = _identity_for(imds, config, dry_run=args.dry_run)
     responder = Responder(config, host, runner, identity)
+    if getattr(args, "follow", False):
+        return _follow(host, runner, responder, print_fn)
     if args.once or args.dry_run:
         outcome = run_round(config, host, runner, responder, dry_run=args.dry_run)
         print_fn(_render(outcome, json_output=args.json, dry_run=args.dry_run))
@@ -53,6 +57,20 @@ def run_monitor(args, config: NodeConfig, host: Host, runner: Runner, imds: Imds
         if max_rounds is None or rounds < max_rounds:
             sleep(config.monitor.interval_seconds)
     return EXIT_HEALTHY
+
+
+def _follow(host: Host, runner: Runner, responder: Responder, print_fn: Callable[[str], None]) -> int:
+    try:
+        stream = open_kernel_log_stream(host, runner)
+    except OSError as e:
+        LOG.error("monitor: cannot follow the kernel log: %s", e.strerror or e)
+        return EXIT_ERROR
+    try:
+        follow_kernel_log(host, responder, stream)
+    finally:
+        stream.close()
+    LOG.error("monitor: the kernel log (%s) ended: stopping (systemd starts the follower again)", stream.source)
+    return EXIT_ERROR
 
 
 def _identity_for(imds: Imds, config: NodeConfig, *, dry_run: bool) -> Callable[[], InstanceIdentity]:

@@ -100,20 +100,27 @@ def _read_kmsg(host: Host, boot_id: str, previous: dict | None) -> KernelLogRead
     except OSError as e:
         return KernelLogRead("", previous or {}, error=f"kernel log not readable: {KMSG_PATH}: {e.strerror or e}")
     messages, seq = [], last_seq
-    for record in raw.decode("utf-8", "replace").splitlines():
-        if record.startswith(" ") or ";" not in record:
-            continue  # a continuation line (" SUBSYSTEM=pci") or noise
-        prefix, message = record.split(";", 1)
-        fields = prefix.split(",")
-        try:
-            record_seq = int(fields[1])
-        except (IndexError, ValueError):
-            continue
+    for record_seq, message in parse_kmsg_records(raw.decode("utf-8", "replace")):
         if record_seq > last_seq:
             messages.append(message)
             seq = max(seq, record_seq)
     text = "\n".join(messages) + ("\n" if messages else "")
     return KernelLogRead(text, {"source": KMSG, "bootId": boot_id, "seq": seq})
+
+
+def parse_kmsg_records(text: str) -> list[tuple[int, str]]:
+    """(sequence number, message) of each /dev/kmsg record in `text` (whole lines)."""
+    records = []
+    for record in text.splitlines():
+        if record.startswith(" ") or ";" not in record:
+            continue  # a continuation line (" SUBSYSTEM=pci") or noise
+        prefix, message = record.split(";", 1)
+        fields = prefix.split(",")
+        try:
+            records.append((int(fields[1]), message))
+        except (IndexError, ValueError):
+            continue
+    return records
 
 
 def _read_all_records(path: str) -> bytes:

@@ -5,12 +5,17 @@ before any response runs, so a round that dies mid-response leaves the responses
 finish, and never reads the same Xid events twice; after the responses the state is saved again with what
 was done.
 
+The kernel-log follower (follow.py) may find a fatal Xid while a round runs its checks: the round reads the
+state again under `state_lock` before it records and responds, so it keeps the follower's finding and does not
+repeat the responses the follower already did.
+
 `responder=None` is report-only (the bootstrap's first round: the boot sequence signals a failure itself);
 a dry run saves nothing and prints the mutating commands it would run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -20,8 +25,8 @@ from node_bootstrap.host import Host
 from node_bootstrap.jobs.spec import utc_now
 from node_bootstrap.monitor.actions import RESPONSES, Responder, unhealthy_reason
 from node_bootstrap.monitor.checks import RoundReport, run_round_checks
-from node_bootstrap.monitor.kernel_log import read_new_kernel_log
-from node_bootstrap.monitor.state import MonitorState, Unhealthy, load_state, save_state
+from node_bootstrap.monitor.kernel_log import KernelLogRead, read_new_kernel_log
+from node_bootstrap.monitor.state import MonitorState, Unhealthy, load_state, save_state, state_lock
 from node_bootstrap.runner import Runner
 
 LOG = logging.getLogger("node_bootstrap")
@@ -47,9 +52,19 @@ def run_round(config: NodeConfig, host: Host, runner: Runner, responder: Respond
     kernel_log = read_new_kernel_log(host, runner, state.kernel_log)
     report = run_round_checks(config.expected, runner, kernel_log)
     _log_report(report)
+    # a dry run writes nothing, not even the lock file
+    with contextlib.nullcontext() if dry_run else state_lock(host):
+        outcome = _record_and_respond(host, responder, report, kernel_log, state, dry_run=dry_run)
+    if responder is not None:  # outside the lock: an API call the follower need not wait for
+        responder.publish_metrics(len(report.warnings), unhealthy=outcome.unhealthy is not None)
+    return outcome
 
-    new_state = MonitorState(kernel_log=kernel_log.cursor if kernel_log.ok else state.kernel_log,
-                             unhealthy=state.unhealthy)
+
+def _record_and_respond(host: Host, responder: Responder | None, report: RoundReport, kernel_log: KernelLogRead,
+                        state_before: MonitorState, *, dry_run: bool) -> RoundOutcome:
+    current = state_before if dry_run else load_state(host)  # what the follower may have recorded meanwhile
+    new_state = MonitorState(kernel_log=kernel_log.cursor if kernel_log.ok else state_before.kernel_log,
+                             unhealthy=current.unhealthy)
     newly = False
     if not report.healthy:
         if new_state.unhealthy is None:
@@ -76,7 +91,6 @@ def run_round(config: NodeConfig, host: Host, runner: Runner, responder: Respond
             responder.respond(new_state.unhealthy)
         else:
             LOG.info("monitor: already reported: every response is done (%s)", ", ".join(RESPONSES))
-    responder.publish_metrics(len(report.warnings), unhealthy=new_state.unhealthy is not None)
     if not dry_run:
         save_state(host, new_state)
     return outcome

@@ -7,6 +7,10 @@ left firing every minute. A timer and a oneshot service rather than a daemon: ea
 whose memory is the state file, and a round stuck on a dead GPU (nvidia-smi in uninterruptible sleep) is
 killed by TimeoutStartSec while the next one still starts.
 
+Beside the timer, a long-running service follows the kernel log and answers a fatal Xid at once (follow.py):
+a daemon because it waits on the kernel, not on a clock; `Restart=always`, and the round remains the safety
+net for whatever it misses between restarts. Both are enabled together, after the first round passed.
+
 `healthCheckIntervalSeconds=0` (node config monitor.intervalSeconds 0) disables and removes the units.
 """
 
@@ -23,6 +27,9 @@ from node_bootstrap.runner import Runner
 UNIT_DIR = "/etc/systemd/system"
 SERVICE = "cluster-health-monitor.service"
 TIMER = "cluster-health-monitor.timer"
+FOLLOWER = "cluster-health-xid-follower.service"
+UNITS = (TIMER, FOLLOWER)  # what is enabled and started
+FOLLOWER_RESTART_S = 5
 SYSTEM_PYTHON = "/usr/bin/python3"  # the AMI's Python 3.9+, the one user-data runs node_bootstrap with
 # Each command of a round ends in bounded time (runner.py): nvidia-smi 120 s, fi_info 120 s, journalctl 60 s,
 # each aws call 60 s; this bounds the whole round even when all of them time out in turn.
@@ -42,6 +49,26 @@ Type=oneshot
 Environment=PYTHONPATH={config.training.bundle_dir}
 ExecStart={SYSTEM_PYTHON} -m node_bootstrap monitor --once --config {config_path}
 TimeoutStartSec={ROUND_TIMEOUT_S}
+"""
+
+
+def render_follower(config: NodeConfig, config_path: str = DEFAULT_CONFIG_PATH) -> str:
+    return f"""\
+# Written by node_bootstrap (step monitor); edits are overwritten.
+[Unit]
+Description=Training cluster node health monitor: follows the kernel log, answers a fatal Xid at once
+After=network-online.target
+Wants=network-online.target
+
+[Service]
+Type=simple
+Environment=PYTHONPATH={config.training.bundle_dir}
+ExecStart={SYSTEM_PYTHON} -m node_bootstrap monitor --follow --config {config_path}
+Restart=always
+RestartSec={FOLLOWER_RESTART_S}
+
+[Install]
+WantedBy=multi-user.target
 """
 
 
@@ -65,13 +92,15 @@ WantedBy=timers.target
 def plan_monitor(config: NodeConfig, host: Host, runner: Runner, first_round: Callable[[], None]) -> StepPlan:
     """`first_round` runs one report-only round and raises StepError when the node is unhealthy."""
     plan = StepPlan("monitor")
-    service_path, timer_path = f"{UNIT_DIR}/{SERVICE}", f"{UNIT_DIR}/{TIMER}"
+    service_path, timer_path, follower_path = (f"{UNIT_DIR}/{u}" for u in (SERVICE, TIMER, FOLLOWER))
+    paths = (service_path, timer_path, follower_path)
     if not config.monitor.enabled:
-        if host.exists(timer_path) or host.exists(service_path):
-            plan.add(f"stop and disable {TIMER} (monitor.intervalSeconds is 0)",
-                     argv=("systemctl", "disable", "--now", TIMER))
-            plan.add(f"remove {service_path} and {timer_path}",
-                     apply=lambda: [host.remove(p) for p in (service_path, timer_path) if host.exists(p)])
+        if any(host.exists(p) for p in paths):
+            for unit in UNITS:
+                plan.add(f"stop and disable {unit} (monitor.intervalSeconds is 0)",
+                         argv=("systemctl", "disable", "--now", unit))
+            plan.add(f"remove {', '.join(paths)}",
+                     apply=lambda: [host.remove(p) for p in paths if host.exists(p)])
             plan.add("reload systemd's units", argv=("systemctl", "daemon-reload"))
         else:
             plan.note("the node health monitor is off (monitor.intervalSeconds is 0)")
@@ -79,22 +108,30 @@ def plan_monitor(config: NodeConfig, host: Host, runner: Runner, first_round: Ca
 
     plan.add("run the monitor's first round (report only): the timer is enabled only if it passes",
              apply=first_round)
-    service, timer = render_service(config), render_timer(config)
-    changed = host.read_text(service_path, default="") != service or host.read_text(timer_path, default="") != timer
+    first = len(plan.actions)
+    wanted = {service_path: render_service(config), timer_path: render_timer(config),
+              follower_path: render_follower(config)}
+    changed = [path for path, text in wanted.items() if host.read_text(path, default="") != text]
     if changed:
-        plan.add(f"write {service_path} and {timer_path} (a round every {config.monitor.interval_seconds} s)",
-                 apply=lambda: (host.write_text(service_path, service), host.write_text(timer_path, timer)))
+        plan.add(f"write {', '.join(changed)} (a round every {config.monitor.interval_seconds} s, and the "
+                 "kernel-log follower)", apply=lambda: [host.write_text(path, wanted[path]) for path in changed])
         plan.add("reload systemd's units", argv=("systemctl", "daemon-reload"))
-    if changed or not _timer_running(runner):
+    if service_path in changed or timer_path in changed or not _unit_running(runner, TIMER):
         plan.add(f"enable and start {TIMER}", argv=("systemctl", "enable", "--now", TIMER))
-    else:
-        plan.note(f"{TIMER} is enabled and running")
+    if follower_path in changed:
+        plan.add(f"enable {FOLLOWER}", argv=("systemctl", "enable", FOLLOWER))
+        # restart, not start: a follower already running would keep its old unit
+        plan.add(f"(re)start {FOLLOWER}", argv=("systemctl", "restart", FOLLOWER))
+    elif not _unit_running(runner, FOLLOWER):
+        plan.add(f"enable and start {FOLLOWER}", argv=("systemctl", "enable", "--now", FOLLOWER))
+    if len(plan.actions) == first:
+        plan.note(f"{' and '.join(UNITS)} are enabled and running")
     return plan
 
 
-def _timer_running(runner: Runner) -> bool:
-    enabled = runner.run(("systemctl", "is-enabled", TIMER), mutating=False, check=False)
-    active = runner.run(("systemctl", "is-active", TIMER), mutating=False, check=False)
+def _unit_running(runner: Runner, unit: str) -> bool:
+    enabled = runner.run(("systemctl", "is-enabled", unit), mutating=False, check=False)
+    active = runner.run(("systemctl", "is-active", unit), mutating=False, check=False)
     return enabled.ok and active.ok
 
 

@@ -7,13 +7,21 @@
   node never becomes healthy again in the monitor's eyes (it is being replaced); a later round only retries
   a response that failed (a throttled API call), so nothing is done twice.
 The file is replaced atomically; a missing or unreadable one is a first round.
+
+Two processes change it: the round (systemd's timer) and the kernel-log follower (follow.py, a service that
+answers a fatal Xid at once). Each takes `state_lock` to read the finding, record its own and run the
+responses, so a response is done once whichever of them sees the fault first, and neither overwrites the
+other's finding with an older state.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from node_bootstrap.host import Host
@@ -21,6 +29,7 @@ from node_bootstrap.host import Host
 LOG = logging.getLogger("node_bootstrap")
 
 STATE_PATH = "/var/lib/cluster/health-monitor/state.json"
+LOCK_PATH = "/var/lib/cluster/health-monitor/state.lock"
 
 
 @dataclass
@@ -67,3 +76,17 @@ def save_state(host: Host, state: MonitorState) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def state_lock(host: Host) -> Iterator[None]:
+    """Held while a process reads the finding, records one and responds (flock: released when the process
+    dies, so a round killed mid-response never blocks the follower)."""
+    path = host.path(LOCK_PATH)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock

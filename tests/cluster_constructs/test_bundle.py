@@ -91,7 +91,10 @@ def test_caches_and_untracked_files_do_not_change_the_bundle_hash(git_checkout, 
     assert after == before
     staged = {p.relative_to(tmp_path / "after").as_posix() for p in (tmp_path / "after").rglob("*") if p.is_file()}
     assert not {p for p in staged if "cache" in p or p.endswith((".pyc", ".swp")) or "scratch_notes" in p}
-    assert "training/configs/tiny-cpu.toml" in staged and "instance_catalog/instance_types.py" in staged
+    if bundle is NODE_BUNDLE:
+        assert "training/configs/tiny-cpu.toml" in staged and "instance_catalog/instance_types.py" in staged
+    else:
+        assert "node_bootstrap/job_contract.py" in staged and "cluster_jobs/table.py" in staged
 
 
 def test_a_code_change_does_change_the_bundle_hash(git_checkout, tmp_path):
@@ -144,23 +147,19 @@ def _staged_files(root: Path) -> list[str]:
     return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() or p.is_symlink())
 
 
-def _tracked(*sources: str) -> list[str]:
-    listed = subprocess.run(["git", "-C", str(REPO_ROOT), "ls-files", "-z", "--", *sources], check=True,
-                            capture_output=True, timeout=60).stdout.decode().split("\0")
-    return [p for p in listed if p and (REPO_ROOT / p).is_file()]
-
-
 @pytest.mark.skipif(GIT is None or not (REPO_ROOT / ".git").exists(), reason="needs the git checkout")
-def test_the_keeper_code_holds_exactly_the_keeper_and_the_packages_it_imports(tmp_path):
+def test_the_keeper_code_holds_exactly_the_keeper_and_the_modules_it_imports(tmp_path):
     staged = stage_keeper_code(tmp_path / "keeper")
     files = _staged_files(staged)
-    # the committed files of those packages (minus the node package's lint config): no clusterctl, no CDK
-    # constructs, no tests, no docs (tests/test_architecture.py checks the list against the imports)
-    packages = ("cluster_aws", "cluster_jobs", "instance_catalog", "job_keeper", "node_bootstrap", "training")
-    assert files == sorted(set(_tracked(*packages)) - {"node_bootstrap/ruff.toml"})
-    assert {f.split("/")[0] for f in files} == set(packages)
+    # the handler's modules and what they import (tests/test_architecture.py checks the list against the
+    # imports): no clusterctl, no CDK constructs, no tests, no docs; of the nodes' code only the job contract,
+    # and nothing of the trainer
+    assert {f.split("/")[0] for f in files} == {"cluster_aws", "cluster_jobs", "job_keeper", "node_bootstrap"}
     assert "job_keeper/handler.py" in files and "cluster_jobs/table.py" in files
-    assert "node_bootstrap/jobs/spec.py" in files and "training/configs/1b.toml" in files
+    assert [f for f in files if f.startswith("node_bootstrap/")] == ["node_bootstrap/__init__.py",
+                                                                      "node_bootstrap/job_contract.py"]
+    assert "cluster_jobs/request.py" not in files and "cluster_jobs/records.py" not in files  # clusterctl's
+    assert all(f.endswith(".py") and (REPO_ROOT / f).is_file() for f in files)
     assert not [f for f in files if "__pycache__" in f or f.endswith((".pyc", ".pyo")) or "/." in f]
     # staging again gives the same asset hash: a pure function of the committed code
     assert FileSystem.fingerprint(str(staged)) == FileSystem.fingerprint(

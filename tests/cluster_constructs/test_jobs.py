@@ -62,12 +62,14 @@ def test_every_parameter_is_constrained(built):
     parameters = document_content(template)["parameters"]
     assert set(parameters) == {"action", "jobId", "module", "config", "nodes", "gpusPerNode",
                                "rendezvousHost", "maxRestarts", "overrides", "resumeFrom", "attempt",
-                               "cancelTimeoutSeconds"}
+                               "cancelTimeoutSeconds", "cancelMode"}
     assert parameters["action"]["allowedValues"] == ["start", "status", "cancel"]
-    assert parameters["module"]["allowedValues"] == ["training", "training.commcheck"]
+    assert parameters["cancelMode"]["allowedValues"] == ["save", "abort"]
+    assert parameters["cancelMode"]["default"] == "save"  # a cancel that omits it saves a checkpoint
+    assert parameters["module"]["allowedValues"] == ["training", "training.commcheck", "training.export"]
     assert parameters["module"]["default"] == "training"
     for name, spec in parameters.items():
-        if name not in ("action", "module"):
+        if name not in ("action", "module", "cancelMode"):
             pattern = re.compile(spec["allowedPattern"])
             # A default must itself be allowed, or SSM would reject a status/cancel that omits it.
             assert "default" not in spec or pattern.match(spec["default"]), name
@@ -158,7 +160,7 @@ def test_script_passes_every_parameter_to_the_node_launcher(built, tmp_path):
     assert "export PYTHONPATH=/opt/cluster/bundle" in lines
     values = {"action": "start", "jobId": "j-20261120-231502-ab12", "config": "training/configs/tiny.toml",
               "nodes": "4", "gpusPerNode": "8", "rendezvousHost": "10.0.1.17", "maxRestarts": "2",
-              "overrides": "optim.lr=3e-4 train.steps=10", "cancelTimeoutSeconds": "60",
+              "overrides": "optim.lr=3e-4 train.steps=10", "cancelTimeoutSeconds": "60", "cancelMode": "save",
               "resumeFrom": "j-20261119-101500-0a0b", "attempt": "3"}
     start = parse_node_args(run_script(tmp_path, values, lines)[0])
     assert (start.command, start.job_id, start.module, start.config, start.nodes, start.gpus_per_node,
@@ -168,8 +170,11 @@ def test_script_passes_every_parameter_to_the_node_launcher(built, tmp_path):
     status = parse_node_args(run_script(tmp_path, {**values, "action": "status"}, lines)[0])
     assert (status.command, status.job_id) == ("status", "j-20261120-231502-ab12")
     cancel = parse_node_args(run_script(tmp_path, {**values, "action": "cancel"}, lines)[0])
-    assert (cancel.command, cancel.job_id, cancel.timeout_seconds) == (
-        "cancel", "j-20261120-231502-ab12", 60.0)
+    assert (cancel.command, cancel.job_id, cancel.timeout_seconds, cancel.mode) == (
+        "cancel", "j-20261120-231502-ab12", 60.0, "save")
+    abort = parse_node_args(run_script(tmp_path, {**values, "action": "cancel", "cancelTimeoutSeconds": "10",
+                                                  "cancelMode": "abort"}, lines)[0])
+    assert (abort.command, abort.timeout_seconds, abort.mode) == ("cancel", 10.0, "abort")
 
 
 @pytest.mark.parametrize("value", ["$(touch pwned)", "`touch pwned`", 'x"; touch pwned; echo "',
@@ -205,6 +210,23 @@ def test_script_starts_a_commcheck_without_a_config(tmp_path):
     spec.validate()  # what the node would accept
     assert node_jobs.build_option_args(spec.overrides) == [
         "--sizes-mib", "64,1024", "--min-busbw-gbps", "350.0"]
+
+
+def test_the_deployed_document_starts_an_export_of_another_job_on_one_node(built, tmp_path):
+    """What `clusterctl export` sends passes the synthesized document's patterns, and reaches the node as an
+    export whose paths the node makes from the two job ids: none is sent."""
+    _, _, template = built
+    content = document_content(template)
+    values = {"action": "start", "jobId": "j-20261120-231502-ab12-hf-9f3c", "module": "training.export",
+              "nodes": "1", "gpusPerNode": "8", "rendezvousHost": "10.0.1.17", "maxRestarts": "0",
+              "overrides": "step=40", "resumeFrom": "j-20261120-231502-ab12"}
+    for name, value in values.items():
+        spec = content["parameters"][name]
+        assert (value in spec["allowedValues"] if "allowedValues" in spec
+                else re.fullmatch(spec["allowedPattern"], value)), (name, value)
+    start = parse_node_args(run_script(tmp_path, values, content["mainSteps"][0]["inputs"]["runCommand"])[0])
+    assert (start.module, start.job_id, start.resume_from, start.overrides, start.nodes) == (
+        "training.export", "j-20261120-231502-ab12-hf-9f3c", "j-20261120-231502-ab12", "step=40", 1)
 
 
 def test_a_status_that_sends_only_action_and_job_id_runs_with_the_defaults(tmp_path):

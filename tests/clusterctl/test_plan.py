@@ -335,8 +335,8 @@ def test_a_bad_config_file_names_the_key(cli, tmp_path):
     assert cli("plan", "--model", str(config), "--tokens", "1B").err == (
         f"clusterctl: error: {config}: run.seq_len=0: allowed: an integer >= 1\n")
     assert cli("plan", "--model", "llama9", "--tokens", "1B").err.startswith(
-        "clusterctl: error: --model 'llama9': allowed: a preset (tiny, 125m, 1b, llama3-8b, llama3-70b) or a "
-        "training config TOML file")
+        "clusterctl: error: --model 'llama9': allowed: a packaged config (125m, 1b, llama3-70b, llama3-8b, "
+        "tiny-cpu) or a training config TOML file")
 
 
 def test_nodes_and_deadline_are_exclusive_and_mfu_is_a_fraction(cli):

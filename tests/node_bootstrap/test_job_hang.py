@@ -1,12 +1,14 @@
 """Hang detection in the job supervisor, for real: `python3 -m node_bootstrap.jobs start` with the direct
 launcher starts the real supervisor, which runs a stand-in for the DLAMI python (so the torchrun argv
 reaches a script) that prints trainer step lines the way training/metrics.py does, then behaves as
-FAKE_MODE says. The node config carries timeouts of seconds instead of the defaults' minutes."""
+FAKE_MODE says. The node config carries timeouts of seconds instead of the defaults' minutes. The learned
+timeout's rules (progress.py) are also checked on their own, on a clock the test moves."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -14,6 +16,8 @@ from pathlib import Path
 
 import pytest
 from node_jobs_support import wait_until
+
+from node_bootstrap.jobs.progress import HANG_FACTOR, MIN_INTERVALS, RESTART_MARKER, ProgressWatch
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN_NODE_CONFIG = Path(__file__).parents[1] / "cluster_constructs" / "golden" / "node-config.json"
@@ -28,7 +32,7 @@ mode = os.environ["FAKE_MODE"]
 def step(n):
     print(json.dumps({{"event": "step", "step": n, "loss": 3.0 - n / 100}}), flush=True)
 
-if mode in ("stall", "stall-ignoring-sigterm", "exit", "stepping"):
+if mode in ("stall", "stall-ignoring-sigterm", "exit", "stepping", "cadence", "cadence-restart"):
     for n in (1, 2, 3):
         step(n)
         time.sleep(0.1)
@@ -65,6 +69,23 @@ elif mode == "restart":
     sys.exit(0)
 elif mode == "silent":
     pass
+elif mode in ("cadence", "cadence-restart"):
+    # a step line every 0.1 s (steps 4..12), then a stall (cadence) or a restart of the workers
+    for n in range(4, 13):
+        step(n)
+        time.sleep(0.1)
+    if mode == "cadence":
+        def on_term(signum, frame):
+            sys.exit(1)
+        signal.signal(signal.SIGTERM, on_term)
+    else:
+        print("E1123 08:51:46.014000 25655 torch/distributed/elastic/multiprocessing/api.py:1002] failed "
+              "(exitcode: 1) local_rank: 3 (pid: 25725) of binary: /opt/pytorch/bin/python3", flush=True)
+        time.sleep({slow_start_s})  # far longer than the learned timeout, shorter than the start timeout
+        for n in range(13, 16):
+            step(n)
+            time.sleep(0.1)
+        sys.exit(0)
 while True:
     time.sleep(0.05)
 """
@@ -90,11 +111,13 @@ def write_user_database(root: Path) -> None:
 
 
 class Node:
-    def __init__(self, root: Path, mode: str, *, hang_s=HANG_S, module="training"):
+    def __init__(self, root: Path, mode: str, *, hang_s=HANG_S, module="training", floor_s=None):
         self.root = root
         self.module = module
         config = json.loads(GOLDEN_NODE_CONFIG.read_text())
         config["training"].update(jobHangTimeoutSeconds=hang_s, jobStartTimeoutSeconds=START_S)
+        if floor_s is not None:
+            config["training"]["jobHangFloorSeconds"] = floor_s
         (root / "etc/cluster").mkdir(parents=True)
         (root / "etc/cluster/node-config.json").write_text(json.dumps(config))
         self.worker_file = root / "worker.pid"
@@ -152,12 +175,13 @@ def test_a_trainer_that_stops_stepping_is_stopped_and_marked_hung(node):
     status = n.wait_end(job, HANG_S + GRACE_S + 15)
     assert status["state"] == "hung"
     assert status["lastStepSeen"] == 3 and status["lastStepAt"]
-    assert status["error"].startswith(f"hung: no trainer step for {HANG_S} s, waiting for a step "
-                                      "(last step seen: 3 at ")
+    # two intervals between three step lines are too few to learn from: the upper bound applies
+    why = f"no trainer step for {HANG_S} s (the upper bound, jobHangTimeoutSeconds: too few steps seen to learn from)"
+    assert status["error"].startswith(f"hung: {why}, waiting for a step (last step seen: 3 at ")
     assert status["exitCode"] == 1  # the stand-in exited on the SIGTERM, as torchrun does
     log = n.log(job)
     assert "SIGTERM received: exiting" in log
-    assert f"Z hung: no trainer step for {HANG_S} s, waiting for a step (last step seen: 3 at " in log
+    assert f"Z hung: {why}, waiting for a step (last step seen: 3 at " in log
     assert f"stopping the job: SIGTERM, SIGKILL after {GRACE_S} s" in log and "still running" not in log
     # `status` (what clusterctl status reads through SSM) reports it
     reported = json.loads(n.cli("status", "--job-id", job).stdout)
@@ -208,7 +232,8 @@ def test_no_step_at_all_is_hung_after_the_start_timeout(node):
     job = n.start()
     status = n.wait_end(job, START_S + GRACE_S + 15)
     assert status["state"] == "hung"
-    assert status["error"] == f"hung: no trainer step for {START_S} s, waiting for the first step (no step seen)"
+    assert status["error"] == (f"hung: no trainer step for {START_S} s (the start timeout, jobStartTimeoutSeconds), "
+                               "waiting for the first step (no step seen)")
     assert status["lastStepSeen"] is None
 
 
@@ -243,3 +268,88 @@ def test_a_job_stopped_by_the_health_monitor_is_failed_with_its_reason(node):
     assert status["state"] == "failed"
     assert status["error"] == "stopped by the node health monitor: health monitor: xid: new: Xid 79 on 0000:b9:00"
     assert status["stopRequest"] == request
+
+
+# --- the timeout learned from the step cadence ------------------------------------------------------------
+
+
+def test_a_stall_is_hung_after_the_learned_timeout_long_before_the_upper_bound(node):
+    n = node("cadence", hang_s=600, floor_s=1)  # the upper bound: 10 minutes
+    job = n.start()
+    status = n.wait_end(job, 1 + GRACE_S + 30)  # long before the upper bound
+    assert status["state"] == "hung" and status["lastStepSeen"] == 12
+    found = re.match(r"hung: no trainer step for ([0-9.]+) s \((the floor, jobHangFloorSeconds, above )?5 x the "
+                     r"slowest step interval ([0-9.e+-]+) s\), waiting for a step \(last step seen: 12 at ",
+                     status["error"])
+    assert found, status["error"]
+    timeout_s, slowest_s = float(found.group(1)), float(found.group(3))
+    assert timeout_s == round(max(1.0, HANG_FACTOR * slowest_s), 1) or found.group(2) is None
+    assert slowest_s >= 0.1  # the stand-in sleeps 0.1 s between its step lines
+    assert timeout_s < 600
+
+
+def test_the_first_step_after_a_restart_keeps_its_allowance_after_the_cadence_was_learned(node):
+    # steps every 0.1 s teach a timeout of about the 1 s floor; the restarted workers' first step comes
+    # 3 s later, inside the 5 s start timeout
+    n = node("cadence-restart", hang_s=600, floor_s=1)
+    status = n.wait_end(n.start(), 30)
+    assert status["state"] == "succeeded", status
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def step_line(n):
+    return json.dumps({"event": "step", "step": n}).encode() + b"\n"
+
+
+def watch_with_steps(intervals_s, *, hang_s=1800.0, start_s=3600.0, floor_s=120.0):
+    clock = Clock()
+    watch = ProgressWatch(hang_s, start_s, floor_s=floor_s, clock=clock)
+    clock.now += 500  # loading and compiling: the first step line's wait is no interval
+    watch.observe(step_line(1))
+    for i, interval in enumerate(intervals_s, start=2):
+        clock.now += interval
+        watch.observe(step_line(i))
+    return watch, clock
+
+
+def test_the_learned_timeout_is_the_factor_times_the_slowest_interval_between_floor_and_bound():
+    watch, clock = watch_with_steps([20, 30, 25, 22])  # the slowest: 30 s
+    assert watch.hang_timeout() == (150.0, "5 x the slowest step interval 30 s")
+    clock.now += 149.9
+    assert watch.overdue() is None
+    clock.now += 0.1
+    assert watch.overdue().startswith("no trainer step for 150 s (5 x the slowest step interval 30 s), waiting "
+                                      "for a step (last step seen: 5 at ")
+    # the slowest since the start, not of the last few: an interval that held a save keeps counting
+    watch, _ = watch_with_steps([20, 30] + [2] * 50)
+    assert watch.hang_timeout()[0] == 150.0
+    # the floor and the upper bound
+    assert watch_with_steps([2, 2, 2])[0].hang_timeout() == (120.0, "the floor, jobHangFloorSeconds, above 5 x "
+                                                                     "the slowest step interval 2 s")
+    assert watch_with_steps([400] * 3)[0].hang_timeout() == (
+        1800.0, "the upper bound, jobHangTimeoutSeconds, below 5 x the slowest step interval 400 s")
+    # a floor above the bound is the bound
+    assert watch_with_steps([2, 2, 2], hang_s=60, floor_s=120)[0].hang_timeout()[0] == 60.0
+
+
+def test_too_few_intervals_keep_the_upper_bound():
+    watch, _ = watch_with_steps([2] * (MIN_INTERVALS - 1))
+    assert watch.hang_timeout() == (1800.0, "the upper bound, jobHangTimeoutSeconds: too few steps seen to learn from")
+
+
+def test_the_wait_for_the_first_step_after_a_restart_is_the_start_timeout_and_no_interval():
+    watch, clock = watch_with_steps([2, 2, 2], floor_s=10)
+    watch.observe(b"E1123 api.py:1002] " + RESTART_MARKER + b"1) local_rank: 3 (pid: 25725) of binary: python3\n")
+    clock.now += 3599
+    assert watch.overdue() is None  # the start timeout, not the learned 10 s
+    watch.observe(step_line(5))
+    assert watch.slowest_interval_s == 2 and watch.hang_timeout()[0] == 10.0
+    clock.now += 10
+    assert watch.overdue().startswith("no trainer step for 10 s (the floor, ")

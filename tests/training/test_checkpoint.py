@@ -15,7 +15,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 
 from training.checkpoint.checkpointer import CheckpointConfig, Checkpointer
 from training.checkpoint.layout import MARKER_FILE, find_latest_complete, is_complete, read_train_state, step_dir
-from training.checkpoint.resume import resolve_resume
+from training.checkpoint.resume import claim_checkpoint_dir, resolve_resume
 from training.errors import ConfigError
 
 pytestmark = pytest.mark.usefixtures("one_rank_process_group")
@@ -149,6 +149,30 @@ def test_prune_removes_older_leftovers_and_never_newer_directories(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-5", "step-9"]
 
 
+def test_keep_last_never_deletes_this_runs_saves_for_another_runs_newer_ones(tmp_path):
+    # issue 28: a fresh run beside another run's step-200..300 saved step-2, and keep_last (by step number)
+    # deleted it at once
+    for step in (200, 250, 300):
+        fake_checkpoint(tmp_path, step)
+    model, optimizer = make_model_and_optimizer(0)
+    ckpt = checkpointer(tmp_path, async_save=False, keep_last=3)
+    for step in (2, 4):
+        ckpt.save(step, model, optimizer, blocking=True)
+    assert sorted(int(p.name[5:]) for p in tmp_path.iterdir()) == [2, 4, 200, 250, 300]
+
+
+def test_keep_last_prunes_the_run_it_continued_with_its_own_saves(tmp_path):
+    for step in (5, 10, 300):  # 5 and 10: the line this run continues; 300: another run's
+        fake_checkpoint(tmp_path, step)
+    fake_checkpoint(tmp_path, 7, marker=False)  # a crash leftover of that line
+    model, optimizer = make_model_and_optimizer(0)
+    ckpt = checkpointer(tmp_path, async_save=False, keep_last=2)
+    ckpt.set_start_step(10)
+    for step in (12, 14):
+        ckpt.save(step, model, optimizer, blocking=True)
+    assert sorted(int(p.name[5:]) for p in tmp_path.iterdir()) == [12, 14, 300]
+
+
 def test_a_stale_directory_at_the_save_step_is_replaced(tmp_path, caplog):
     stale = fake_checkpoint(tmp_path, 4, metadata=False, marker=False)
     (stale / "__1_0.distcp").write_bytes(b"from a larger world size")
@@ -206,6 +230,39 @@ def test_resume_path_must_be_a_complete_checkpoint(tmp_path):
     incomplete = r"step-7': not a complete checkpoint \(needs .metadata and train_state"
     with pytest.raises(ConfigError, match=incomplete):
         resolve_resume(str(tmp_path / "step-7"), "")
+
+
+def test_a_start_that_leaves_newer_checkpoints_is_refused_unless_told_to_overwrite(tmp_path, caplog):
+    for step in (200, 250, 300):
+        fake_checkpoint(tmp_path, step)
+    fake_checkpoint(tmp_path, 400, marker=False)  # incomplete: never resumed from
+    root = str(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        claim_checkpoint_dir("none", 0, root)
+    assert str(err.value) == (
+        f"--resume none: starts a new run, but checkpoint.dir={root!r} holds checkpoints up to step 300, which its "
+        "saves would be mixed with (keep_last would delete by step number); allowed: --resume auto (continue "
+        "them), another checkpoint.dir, or --overwrite-checkpoints (delete them first)")
+    path = str(tmp_path / "step-200")
+    with pytest.raises(ConfigError, match=f"^--resume {path}: starts at step 200, but checkpoint.dir=.* up to step "
+                                          "300,.* --overwrite-checkpoints \\(delete the steps after 200 first\\)$"):
+        claim_checkpoint_dir(path, 200, root)
+    claim_checkpoint_dir(path, 300, root)  # the newest complete one: it continues the directory
+    claim_checkpoint_dir("none", 0, "")  # no checkpoint.dir
+    with caplog.at_level(logging.WARNING, logger="training.checkpoint"):
+        claim_checkpoint_dir(path, 200, root, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-200"]
+    assert f"deleted 3 step directories after step 200 under {tmp_path} (steps 250, 300, 400)" in caplog.text
+
+
+def test_a_fresh_start_beside_the_local_tiers_steps_is_refused_too(tmp_path):
+    local = tmp_path / "local"
+    (local / "step-20" / "rank-0").mkdir(parents=True)
+    with pytest.raises(ConfigError, match=f"^--resume none: starts a new run, but checkpoint.local_dir="
+                                          f"'{local}' holds local steps up to 20, "):
+        claim_checkpoint_dir("none", 0, str(tmp_path / "durable"), local_root=str(local))
+    claim_checkpoint_dir("none", 0, str(tmp_path / "durable"), local_root=str(local), overwrite=True)
+    assert (local / "step-20").is_dir()  # the local tier's own start (keep_only) deletes it, on every node
 
 
 @pytest.mark.parametrize(

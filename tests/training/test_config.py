@@ -134,3 +134,11 @@ def test_to_dict_round_trips_through_the_dataclasses():
 def test_tokens_per_step():
     cfg = load_config(None, ["run.seq_len=32", "run.micro_batch_size=4", "run.grad_accum_steps=2"])
     assert cfg.run.tokens_per_step(dp_world_size=3) == 32 * 4 * 2 * 3
+
+
+def test_a_wsd_decay_that_does_not_fit_after_the_warmup_is_refused():
+    with pytest.raises(ConfigError, match=r"^optim.decay_steps=95: with optim.schedule='wsd' the decay \(95 steps\) "
+                                          r"and optim.warmup_steps \(10\) exceed run.steps \(100\); allowed: "):
+        load_config(None, ["run.steps=100", "optim.schedule=wsd", "optim.decay_steps=95"])
+    cfg = load_config(None, ["run.steps=100", "optim.schedule=wsd", "optim.decay_steps=90"])
+    assert cfg.optim.decay_window(cfg.run.steps) == (10, 90)

@@ -18,6 +18,7 @@ from training.fp8 import (
     TransformerEngineFp8,
     apply_linear_swap,
     build_fp8_backend,
+    describe_fp8,
     fp8_eligible,
     te_unverified_combinations,
 )
@@ -202,3 +203,14 @@ def test_the_te_combinations_not_verified_on_a_gpu_are_named():
     ]
     current = te_unverified_combinations(Fp8Config(backend="te", te_recipe="current"), activation_checkpointing=False)
     assert [n.split(":")[0] for n in current] == ["te_recipe=current"]
+
+
+def test_the_start_up_line_says_the_dtypes_the_run_computes_in():
+    # issue 28: a float32 run (tiny-cpu.toml) said "fp8: none (bf16 matmuls)"
+    assert describe_fp8(Fp8Config(), param_dtype="float32", reduce_dtype="float32") == (
+        "none (matmuls in float32; gradients reduced in float32, weights kept in float32)")
+    assert describe_fp8(Fp8Config(), param_dtype="bfloat16", reduce_dtype="float32") == (
+        "none (matmuls in bfloat16; gradients reduced in float32, weights kept in float32)")
+    line = describe_fp8(Fp8Config(backend="torchao", emulate=True), param_dtype="bfloat16", reduce_dtype="float32")
+    assert line.startswith("torchao ") and line.endswith(
+        " (tensorwise, emulate; other matmuls in bfloat16; gradients reduced in float32, weights kept in float32)")

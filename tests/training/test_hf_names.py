@@ -90,6 +90,10 @@ def test_an_unsupported_field_is_refused_naming_it(change, message):
 def test_the_init_and_export_settings():
     cfg = load_config("llama3-8b", ["init.hf_dir=/fsx/data/Llama-3.1-8B", "export.hf_dir=/fsx/out"])
     assert (cfg.init.hf_dir, cfg.export.hf_dir, cfg.model.preset) == ("/fsx/data/Llama-3.1-8B", "/fsx/out", "llama3-8b")
+    # an absolute directory stays; a relative one is under the job's own checkpoint directory (all a job may write)
+    assert cfg.export.resolve("/fsx/checkpoints/j-1") == "/fsx/out"
+    relative = load_config("llama3-8b", ["export.hf_dir=hf-final"]).export
+    assert relative.resolve("/fsx/checkpoints/j-1") == "/fsx/checkpoints/j-1/hf-final"
     with pytest.raises(ConfigError, match=r"^model\.dim: not allowed with init\.hf_dir \(the model's shape comes "
                                           r"from its config\.json\); allowed: model\.preset"):
         load_config("llama3-8b", ["init.hf_dir=/x", "model.dim=1024"])

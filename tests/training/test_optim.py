@@ -46,6 +46,30 @@ def test_no_warmup_starts_at_the_peak():
     assert lr_at(9, cfg, 10) == pytest.approx(0.0)
 
 
+def test_a_fixed_decay_keeps_the_schedule_that_ran_when_the_run_grows():
+    # the default decays until the last step, so run.steps reshapes it; optim.decay_steps fixes its length
+    fixed = OptimConfig(lr=1e-3, min_lr=1e-4, warmup_steps=10, decay_steps=90)
+    assert [lr_at(s, fixed, 300) for s in range(100)] == [lr_at(s, CFG, 100) for s in range(100)]
+    assert [lr_at(s, fixed, 300) for s in (100, 200, 299)] == [1e-4, 1e-4, 1e-4]  # the added steps: the floor
+    assert lr_at(100, CFG, 300) > 5e-4  # the default re-stretched
+
+
+def test_wsd_holds_the_peak_then_decays_linearly_over_the_last_steps():
+    wsd = OptimConfig(lr=1e-3, min_lr=1e-4, warmup_steps=10, schedule="wsd", decay_steps=20)
+    assert lr_at(9, wsd, 100) == pytest.approx(1e-3)  # warmup as before
+    assert {lr_at(s, wsd, 100) for s in range(10, 80)} == {1e-3}  # stable
+    assert lr_at(80, wsd, 100) == pytest.approx(1e-3 - 0.05 * 9e-4)  # the first of 20 decay steps
+    assert lr_at(89, wsd, 100) == pytest.approx(1e-3 - 0.5 * 9e-4)
+    assert lr_at(99, wsd, 100) == 1e-4 and lr_at(120, wsd, 100) == 1e-4
+    # made longer while stable: no step that ran changes, the decay moves to the new end
+    assert [lr_at(s, wsd, 200) for s in range(80)] == [lr_at(s, wsd, 100) for s in range(80)]
+    assert lr_at(199, wsd, 200) == 1e-4
+    # decay_steps 0: decay_fraction of the run
+    by_fraction = OptimConfig(lr=1e-3, min_lr=0.0, warmup_steps=0, schedule="wsd", decay_fraction=0.25)
+    assert by_fraction.decay_window(100) == (75, 25)
+    assert lr_at(74, by_fraction, 100) == 1e-3 and lr_at(75, by_fraction, 100) == pytest.approx(0.96e-3)
+
+
 def test_matrices_are_decayed_and_norms_and_biases_are_not():
     model = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 4), nn.LayerNorm(4))
     opt = build_optimizer(model, OptimConfig(weight_decay=0.1, betas=(0.8, 0.9), eps=1e-6))
@@ -77,6 +101,10 @@ def test_apply_lr_sets_every_group():
         ("betas", (0.9,), "optim.betas=(0.9,)"),
         ("eps", 0.0, "optim.eps=0.0"),
         ("max_grad_norm", -1.0, "optim.max_grad_norm=-1.0: allowed: a number >= 0 (0 = off)"),
+        ("schedule", "linear", "optim.schedule='linear': allowed: cosine, wsd"),
+        ("decay_steps", -1, "optim.decay_steps=-1: allowed: an integer >= 0 (0: until the run's last step)"),
+        ("decay_fraction", 0.0, "optim.decay_fraction=0.0: allowed: a number in (0, 1]"),
+        ("decay_fraction", 1.5, "optim.decay_fraction=1.5: allowed: a number in (0, 1]"),
     ],
 )
 def test_invalid_values_name_the_field(field, value, message):

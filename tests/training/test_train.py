@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tests.hf_support import save_tiny_llama
 from training.__main__ import build_parser
 from training.fp8 import Fp8Config, build_fp8_backend
 from training.train import _forward_backward, clip_grad_norm_
@@ -161,3 +162,40 @@ def test_train_leaves_no_model_for_interpreter_shutdown_to_collect():
                           env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.splitlines()[-1] == "models alive: 0"
+
+
+# What `python -m training` runs: cli(), then the process's threads, as the interpreter's shutdown would find them.
+THREADS_AFTER_CLI = (
+    "import os, sys\n"
+    "from training.__main__ import cli\n"
+    "code = cli(sys.argv[1:])\n"
+    "threads = sorted(open(f'/proc/self/task/{t}/comm').read().strip() for t in os.listdir('/proc/self/task'))\n"
+    "print('exit', code, 'threads', ','.join(threads))\n"
+)
+
+
+def run_to_exit(*args: str) -> tuple[subprocess.CompletedProcess, str]:
+    proc = subprocess.run([sys.executable, "-c", THREADS_AFTER_CLI, *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, proc.stdout.splitlines()[-1]
+
+
+def test_a_config_error_after_the_model_is_built_leaves_no_thread_for_interpreter_shutdown(tmp_path):
+    # The exit -6 seen after a config error ("terminate called without an active exception"): a gloo worker
+    # still finishing the last collective's work object dropped a tensor during interpreter shutdown, needed
+    # the GIL, and Python ended the thread inside a C++ destructor. The process group outlived the error: the
+    # FSDP2 model's device mesh holds it (and DTensor's sharding cache holds the mesh) after
+    # destroy_process_group. A missing weights file is found after the model is built.
+    model_dir = save_tiny_llama("llama3_0", tmp_path / "hf")
+    sorted(model_dir.glob("*.safetensors"))[-1].unlink()
+    proc, last = run_to_exit("--set", f"init.hf_dir={model_dir}", "--set", "model.preset=", "--set", "run.steps=1",
+                             "--set", f"checkpoint.dir={tmp_path / 'ckpt'}")
+    assert "config error: " in proc.stderr and "not in " in proc.stderr
+    assert last == "exit 2 threads python"  # no TCPStore server, no gloo loop or worker left running
+
+
+def test_a_finished_run_leaves_no_thread_for_interpreter_shutdown(tmp_path):
+    _, last = run_to_exit("--set", "run.steps=2", "--set", "run.seq_len=16", "--set", "metrics.progress=false",
+                          "--set", f"checkpoint.dir={tmp_path}")
+    assert last == "exit 0 threads python"

@@ -4,7 +4,10 @@ One concept per module; imports point down this list and never back up:
 
 - ``layout``: the on-disk layout of a checkpoint directory (``step-<N>``, the ``train_state.json`` marker),
   when a checkpoint is complete, the newest complete one; no torch.
-- ``resume``: which checkpoint a run starts from (``--resume``, ``--resume-from-dir``).
+- ``compat``: which config changes a resume can take (its saved config against the run's), and whether the
+  learning-rate schedule still continues the one that ran.
+- ``resume``: which checkpoint a run starts from (``--resume``, ``--resume-from-dir``), and whether a start
+  may save into a checkpoint.dir that holds newer checkpoints (``--overwrite-checkpoints``).
 - ``state``: what a checkpoint holds (the model and optimizer state in a form DCP stages, writes and reads).
 - ``verify``: the check every save passes before DCP writes it.
 - ``staging``: the copy of an asynchronous save into CPU memory, beside the training loop.

@@ -116,6 +116,8 @@ class Checkpointer:
         self._config_snapshot = config_snapshot
         self._pending: _PendingSave | None = None
         self._last_saved_step: int | None = None
+        self._start_step = 0  # the step the run started from (set_start_step): its own line ends there
+        self._saved_steps: set[int] = set()  # the steps this run saved and completed
         self.last_timings: SaveTimings | None = None  # of the last save that completed
         # Where async saves stage (checkpoint.staging; checkpoint/staging.py): beside the loop when this torch
         # has DCP's staging API, else inside the save call as DCP does by default.
@@ -145,6 +147,12 @@ class Checkpointer:
     @property
     def enabled(self) -> bool:
         return self.root is not None
+
+    def set_start_step(self, step: int) -> None:
+        """The step this run starts from (the one resumed from; 0 for a fresh start). The complete checkpoints
+        at or below it are the run it continues, which keep_last prunes with its own saves; any other one
+        that this run did not save belongs to another run and is never deleted by it (``_prune``)."""
+        self._start_step = step
 
     def should_save(self, step: int, total_steps: int) -> bool:
         """Whether the regular schedule saves after ``step`` completed steps (not counting SIGTERM saves)."""
@@ -273,6 +281,7 @@ class Checkpointer:
         dcp.load(state, checkpoint_id=str(path))
         load_into(model, optimizer, state)
         self._last_saved_step = train_state.step
+        self.set_start_step(train_state.step)
         log.info("resumed from %s (step %d)", path, train_state.step)
         return train_state
 
@@ -288,6 +297,7 @@ class Checkpointer:
     def _finish(self, step: int, path: Path, started: float, timings: SaveTimings) -> None:
         """Mark a written checkpoint complete and delete old ones (rank 0; the directory is shared)."""
         self.last_timings = timings
+        self._saved_steps.add(step)
         if self.rank != 0:
             return
         # On rank 0, DCP's save returns (and its future resolves) only after the coordinator gathered every
@@ -304,17 +314,27 @@ class Checkpointer:
         self._prune()
 
     def _prune(self) -> None:
-        """Keep the newest ``keep_last`` complete checkpoints. Incomplete directories older than the newest
-        complete one are crash leftovers and go too; nothing newer is touched (a save may be writing it)."""
+        """Keep the newest ``keep_last`` complete checkpoints of this run's own line: those it continued from
+        (at or below its start step) and those it saved. Incomplete directories older than the newest of them
+        are crash leftovers and go too; nothing newer is touched (a save may be writing it).
+
+        A complete checkpoint past the start step that this run did not save is another run's: neither
+        counted nor deleted, so keep_last never gives up what this run saved for it. (Comparing step numbers
+        alone, a fresh run's step-2 went at once beside another run's step-200..300: issue 28.
+        resume.claim_checkpoint_dir refuses such a start; this holds even when a run writes beside it.)"""
         assert self.root is not None
         dirs = step_dirs(self.root)
-        complete = [(s, p) for s, p in dirs if is_complete(p)]
-        if not complete:
+
+        def another_runs(step: int, path: Path) -> bool:
+            return step > self._start_step and step not in self._saved_steps and is_complete(path)
+
+        own = [(s, p) for s, p in dirs if is_complete(p) and not another_runs(s, p)]
+        if not own:
             return
-        keep = {p for _, p in complete[-self.cfg.keep_last:]}
-        newest_complete_step = complete[-1][0]
+        keep = {p for _, p in own[-self.cfg.keep_last:]}
+        newest_own_step = own[-1][0]
         for step, path in dirs:
-            if path in keep or step > newest_complete_step:
+            if path in keep or step > newest_own_step or another_runs(step, path):
                 continue
             log.info("deleting old checkpoint %s", path)
             shutil.rmtree(path, ignore_errors=True)

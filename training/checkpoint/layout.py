@@ -23,8 +23,9 @@ import json
 import logging
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("training.checkpoint")  # the package's logger: its lines read as before the split
 
@@ -39,6 +40,8 @@ class TrainState:
 
     step: int  # optimizer steps completed; training resumes at this step
     path: Path
+    # the TrainConfig.to_dict() of the run that saved it ({} in a marker without one): what a resume compares
+    config: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
 def step_dir(root: str | Path, step: int) -> Path:
@@ -71,7 +74,8 @@ def find_latest_complete(root: str | Path) -> Path | None:
 def read_train_state(path: str | Path) -> TrainState:
     path = Path(path)
     data = json.loads((path / MARKER_FILE).read_text())
-    return TrainState(step=int(data["step"]), path=path)
+    config = data.get("config")
+    return TrainState(step=int(data["step"]), path=path, config=config if isinstance(config, dict) else {})
 
 
 def write_atomic(path: Path, text: str) -> None:

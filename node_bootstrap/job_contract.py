@@ -1,0 +1,94 @@
+"""The job contract between the cluster and its nodes: what a job may be asked to run, the names of its states
+and files, the patterns its parameters follow, and the exit codes of `python3 -m node_bootstrap.jobs`.
+
+Both sides import it: node_bootstrap.jobs (the launcher, the supervisor, status and cancel on the nodes) and
+cluster_jobs (the job model clusterctl and the job keeper share). It imports nothing of the project, so a
+reader of one constant ships this module alone: the keeper's Lambda asset holds it and not the launcher, the
+supervisor or their CLI (cluster_constructs/bundle.py builds the asset from the keeper's imports). The SSM
+document's allowedPatterns (cluster_constructs/jobs.py) are the same expressions: SSM rejects a bad value
+before anything runs, and the nodes reject it again for direct callers.
+
+Runs on the nodes' system Python (>= 3.9), standard library only.
+"""
+
+import re
+
+# What `python3 -m node_bootstrap.jobs` exits with (the keeper and clusterctl read them from SSM's answers).
+EXIT_OK = 0
+EXIT_FAILED = 1  # the job failed to start, or an operation on it failed
+EXIT_USAGE = 2  # invalid arguments or node config
+EXIT_NOT_FOUND = 3  # no such job on this node
+
+# A job's state on a node (status.json "state"). hung: the supervisor stopped a job whose trainer logged no
+# step for the hang timeout (node_bootstrap/jobs/progress.py).
+STATES = ("running", "succeeded", "failed", "cancelled", "hung")
+# A job's files in <jobsDir>/<job id>/ on a node.
+STATUS_FILE = "status.json"
+# Written next to the status by whoever stops a job for a reason of its own (the node health monitor, before
+# its SIGTERM): {"by": ..., "reason": ..., "at": ...}; the supervisor records it in the status.
+STOP_REQUEST_FILE = "stop-request.json"
+
+# The one budget from SIGTERM to SIGKILL for a job: systemd's TimeoutStopSec for its unit, and within it
+# torchrun's --shutdown-timeout (torch.distributed.run: SIGTERM to the workers, then SIGKILL after that many
+# seconds; without the option torchrun takes TORCH_ELASTIC_SHUTDOWN_TIMEOUT or 30 s, torch/distributed/
+# launcher/api.py), so the trainer's SIGTERM checkpoint gets almost all of it.
+STOP_GRACE_SECONDS = 120
+
+# How `cancel` stops a job. save: SIGTERM, and the trainer's collective checkpoint within the stop grace (a
+# user's cancel, a Capacity Block's end, a lone SIGTERM). abort: the job keeper's stop of an ended attempt's
+# survivors, whose job restarts from the local or durable tier: a collective save cannot finish without the
+# lost node (its ranks block inside it), so the supervisor SIGKILLs torchrun and every worker at once.
+CANCEL_SAVE = "save"
+CANCEL_ABORT = "abort"
+CANCEL_MODES = (CANCEL_SAVE, CANCEL_ABORT)
+# The abort's bound: how long `cancel --mode abort` waits for the supervisor to record the end before it
+# SIGKILLs what is left itself (the keeper's `cancelTimeoutSeconds` for an abort).
+ABORT_STOP_SECONDS = 10
+
+JOB_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{2,62}$")
+CONFIG_RE = re.compile(r"^[A-Za-z0-9_./-]+\.toml$")
+HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]{0,252}$")
+OVERRIDE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.]*=[A-Za-z0-9_.:/+,@%-]*$")
+# A job's attempt: 1 for the submit, one more for each restart on a new node set (the job keeper's). The
+# document's `attempt` parameter takes the same values.
+MAX_ATTEMPT = 1000
+ATTEMPT_RE = re.compile(r"^(?:[1-9][0-9]{0,2}|1000)$")
+
+# What a job runs: torchrun's `-m MODULE`, the trainer or the all_reduce bandwidth check (training/commcheck.py);
+# or, with no torchrun, one process of the Hugging Face export (training/export.py) on one node.
+TRAINING_MODULE = "training"
+COMMCHECK_MODULE = "training.commcheck"
+EXPORT_MODULE = "training.export"
+MODULES = (TRAINING_MODULE, COMMCHECK_MODULE, EXPORT_MODULE)
+# An export job writes its Hugging Face directory here, inside its own checkpoint directory (the data repository
+# association carries <checkpointRoot>/<job id>/hf to the checkpoint bucket's <job id>/hf/); it reads the
+# source job's directory (resume_from), which is sealed read-only to the job user.
+EXPORT_OUT_DIR = "hf"
+# An export's only option: the checkpoint step to export (none: the newest complete one).
+EXPORT_OPTION_RE = re.compile(r"^step=(0|[1-9][0-9]{0,11})$")
+# A job's checkpoints go to <checkpointRoot>/<job id> and nowhere else: the launcher sets this key itself.
+CHECKPOINT_DIR_KEY = "checkpoint.dir"
+# ... and its local checkpoint tier to <scratch>/checkpoints/<job id> on each node (training.checkpoint.local_tier)
+LOCAL_CHECKPOINT_DIR_KEY = "checkpoint.local_dir"
+
+
+class JobError(Exception):
+    """A problem the caller can act on; the message is printed as one line."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def check_not_checkpoint_dir(item: str) -> None:
+    """A --set of checkpoint.dir is refused: jobs write only their own directory, and --resume auto loads
+    only from there (a directory another job or the checkpoint bucket fills is trusted only on request)."""
+    key = item.split("=", 1)[0].strip()
+    if key == LOCAL_CHECKPOINT_DIR_KEY:
+        raise JobError(f"overrides item {item!r}: not allowed: a job's local checkpoints go to the node's scratch, "
+                       "<scratch>/checkpoints/<job id>; set checkpoint.local_interval_steps to use them (0: off)",
+                       EXIT_USAGE)
+    if key == CHECKPOINT_DIR_KEY:
+        raise JobError(f"overrides item {item!r}: not allowed: a job's checkpoints go to <checkpoint root>/<job "
+                       "id>; to start from another job's checkpoints, resume from that job (clusterctl submit "
+                       "--resume-from JOB)", EXIT_USAGE)
