@@ -9,6 +9,15 @@ import unicodedata
 from collections.abc import Sequence
 from typing import Any
 
+from cluster_aws.stack_outputs import DEFAULT_STACK_NAME
+
+
+def deploy_command(stack: str, context: Sequence[str]) -> str:
+    """The command that deploys the stack with these `-c key=value` settings: the Makefile's deploy target (README,
+    "Deploy"), which runs the pinned CDK CLI without jsii's Node banner; STACK only when it is not the default."""
+    stack_arg = "" if stack == DEFAULT_STACK_NAME else f" STACK={stack}"
+    return f'make deploy{stack_arg} CDK_ARGS="{" ".join(context)}"'
+
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """Left-aligned columns separated by two spaces; None prints as "-"."""

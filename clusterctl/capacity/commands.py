@@ -11,7 +11,7 @@ from clusterctl.arguments import AddCommand, HelpFormatter, instance_type, posit
 from clusterctl.capacity import offerings as capacity
 from clusterctl.capacity import quota as quotas
 from clusterctl.capacity import regional
-from clusterctl.render import format_table, format_time, format_usd, to_json
+from clusterctl.render import deploy_command, format_table, format_time, format_usd, to_json
 from clusterctl.runtime import say
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ def capacity_purchase(args: argparse.Namespace, runtime: Runtime) -> int:
         f"{format_usd(offering.upfront_fee)} {offering.currency}",
     )
     say(runtime, "deploy the cluster on it with:")
-    say(runtime, f"  npx cdk deploy {args.stack} " + " ".join(settings))
+    say(runtime, "  " + deploy_command(args.stack, settings))
     return EXIT_OK
 
 

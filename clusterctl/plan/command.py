@@ -18,7 +18,7 @@ from clusterctl.plan.fsx_cost import PRICE_SOURCE, stack_fsx
 from clusterctl.plan.mfu import load_measurements
 from clusterctl.plan.options import DEFAULT_GLOBAL_BATCH_TOKENS, MAX_NODES
 from clusterctl.plan.workload import Workload, load_workload
-from clusterctl.render import to_json
+from clusterctl.render import deploy_command, to_json
 from clusterctl.runtime import say
 from instance_catalog.instance_types import INSTANCE_TYPES, get_instance_type
 from training.config import packaged_config_names
@@ -180,7 +180,7 @@ def _commands(args: argparse.Namespace, workload: Workload, option: plan.Option)
         "cdkContext": context,
         "overrides": overrides,
         "quota": f"clusterctl quota --instance-type {name} --nodes {option.nodes + option.spare_nodes}",
-        "deploy": f"npx cdk deploy {args.stack} " + " ".join(context),
+        "deploy": deploy_command(args.stack, context),
         "submit": f"clusterctl submit --config {workload.config} --nodes {option.nodes} "
         + " ".join(f"--set {o}" for o in overrides),
     }

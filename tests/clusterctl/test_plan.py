@@ -202,7 +202,7 @@ def test_plan_prints_the_table_ranking_and_the_commands_of_the_cheapest(cli):
             "plans that finish within 30 days (costs within 1% count as equal: then the fewest nodes, easier to "
             "get); check the quota, deploy, then run:") in lines
     assert "  clusterctl quota --instance-type p5.48xlarge --nodes 8" in lines
-    assert "  npx cdk deploy TrainingClusterStack -c instanceType=p5.48xlarge -c nodeCount=8" in lines
+    assert '  make deploy CDK_ARGS="-c instanceType=p5.48xlarge -c nodeCount=8"' in lines
     assert ("  clusterctl submit --config training/configs/llama3-8b.toml --nodes 8 --set run.steps=23842 "
             "--set run.global_batch_tokens=4194304 --set parallel.activation_checkpointing=false") in lines
 
@@ -240,8 +240,7 @@ def test_plan_json_has_every_figure(cli):
     assert set(option["memoryPerGpu"]["phases"]) >= {"forward into the loss", "optimizer step"}
     assert report["flopsPerToken"] == ONE_B_FLOPS_PER_TOKEN
     assert report["rankedByCost"] == report["rankedByTime"] == ["p5.48xlarge"]
-    assert report["chosen"]["deploy"] == "npx cdk deploy TrainingClusterStack -c instanceType=p5.48xlarge " \
-        "-c nodeCount=1"
+    assert report["chosen"]["deploy"] == 'make deploy CDK_ARGS="-c instanceType=p5.48xlarge -c nodeCount=1"'
 
 
 def test_explain_shows_the_memory_flops_time_and_cost_arithmetic(cli):

@@ -232,10 +232,10 @@ def test_purchase_prints_the_deploy_settings(cli, ec2_stub, skip_prompt):
         "to 2026-12-12T11:30:00Z (scheduled), upfront $21,504.00 USD"
     )
     assert result.lines[2] == (
-        "  npx cdk deploy TrainingClusterStack -c region=us-east-1 -c availabilityZone=us-east-1b "
+        '  make deploy CDK_ARGS="-c region=us-east-1 -c availabilityZone=us-east-1b '
         "-c instanceType=p5.48xlarge -c nodeCount=4 -c capacityMode=capacity-block "
         "-c capacityReservationId=cr-0123456789abcdef0 -c reservationInstanceCount=4 "
-        "-c reservationStartDate=2026-12-05T11:30:00Z -c reservationEndDate=2026-12-12T11:30:00Z"
+        '-c reservationStartDate=2026-12-05T11:30:00Z -c reservationEndDate=2026-12-12T11:30:00Z"'
     )
 
 
