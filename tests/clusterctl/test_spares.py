@@ -58,7 +58,7 @@ def test_plan_prices_and_deploys_the_spares(cli):
     assert (one["nodes"], one["spareNodes"], two["nodes"], two["spareNodes"]) == (1, 0, 1, 1)
     assert two["hours"] == one["hours"]  # the spare does not train
     assert two["onDemandUsd"] == pytest.approx(2 * one["onDemandUsd"], abs=0.02)  # but is paid for all along
-    assert spared["chosen"]["deploy"].endswith("-c nodeCount=1 -c spareNodes=1")
+    assert spared["chosen"]["deploy"].endswith("-c nodeCount=1 -c spareNodes=1\"")
     assert spared["chosen"]["quota"] == "clusterctl quota --instance-type p5.48xlarge --nodes 2"
     explained = cli("plan", "--model", "1b", "--tokens", "50B", "--instance-types", "p5.48xlarge",
                     "--nodes", "1", "--spare-nodes", "1", "--explain").out
