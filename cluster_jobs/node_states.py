@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cluster_jobs.ssm_commands import Invocation
-from node_bootstrap import jobs as node_jobs
+from node_bootstrap import job_contract
 
 GONE = "gone"  # the node that ran the job is terminated (replaced): nothing is left to ask
 
@@ -37,12 +37,14 @@ class NodeJobState:
     # the newest held-out loss ([validation]) rank 0 logged on this node, and the step it was evaluated after
     last_val_loss: float | None = None
     last_val_step: int | None = None
+    # the restart timeline on the node (its supervisor's start and the trainer's phases: cluster_jobs/timeline.py)
+    phases: dict[str, str] | None = None
 
     @classmethod
     def from_invocation(cls, invocation: Invocation) -> NodeJobState:
         payload = invocation.payload or {}
         state = payload.get("state")
-        if state in node_jobs.STATES:
+        if state in job_contract.STATES:
             return cls(
                 invocation.instance_id,
                 str(state),
@@ -62,8 +64,9 @@ class NodeJobState:
                 resumed_from_tier=payload.get("resumedFromTier"),
                 last_val_loss=payload.get("lastValLoss"),
                 last_val_step=payload.get("lastValStep"),
+                phases=payload.get("phases") if isinstance(payload.get("phases"), dict) else None,
             )
-        if invocation.response_code == node_jobs.EXIT_NOT_FOUND:
+        if invocation.response_code == job_contract.EXIT_NOT_FOUND:
             return cls(invocation.instance_id, "not-found", None, None, None, None, None, invocation.error)
         return cls(invocation.instance_id, "unknown", None, None, None, None, None, invocation.error)
 
@@ -89,7 +92,7 @@ class NodeJobState:
 
 
 def is_commcheck(states: Sequence[NodeJobState]) -> bool:
-    return any(s.module == node_jobs.COMMCHECK_MODULE for s in states)
+    return any(s.module == job_contract.COMMCHECK_MODULE for s in states)
 
 
 def reported_busbw(states: Sequence[NodeJobState]) -> NodeJobState | None:

@@ -72,6 +72,9 @@ class Attempt:
     resumed_from_step: int | None = None  # the checkpoint step it resumed from (0: from scratch); None: unknown
     resumed_from_tier: str | None = None  # "local" (node-local shards and replicas) or "durable" (FSx); None: fresh
     node_reports: list[NodeReport] = field(default_factory=list)
+    # its restart timeline: phase -> UTC time to the millisecond (cluster_jobs/timeline.py PHASES)
+    timeline: dict[str, str] = field(default_factory=dict)
+    fault_seen_by: str | None = None  # what saw the fault that ended it (the keeper round's trigger)
 
 
 @dataclass
@@ -271,11 +274,12 @@ class JobTable:
         return self.get(job_id) if job_id else None
 
     def jobs(self) -> Iterator[JobRecord]:
-        """Every job, newest first (job ids start with their submit time)."""
+        """Every job, newest first: by the time it was recorded, then its id (a submit's id starts with its
+        time; an export's, <job>-hf-xxxx, with its source's)."""
         records = []
         for page in self.dynamodb.get_paginator("scan").paginate(TableName=self.table_name, ConsistentRead=True):
             records += [_from_item(item) for item in page.get("Items", []) if item["pk"]["S"] != LOCK_KEY]
-        return iter(sorted(records, key=lambda r: r.job_id, reverse=True))
+        return iter(sorted(records, key=lambda r: (r.created_at, r.job_id), reverse=True))
 
     def save(self, record: JobRecord, now: datetime.datetime) -> JobRecord:
         """Writes `record` if nobody wrote the job since it was read (StaleRecord otherwise); a record in a

@@ -12,13 +12,15 @@ survivors and starts the next attempt when enough nodes are ready):
   and a message on the alarm topic) once `max_job_restarts` restarts were spent. Without a fault: every node
   succeeded -> `succeeded`; every node failed on its own (no node lost) -> `failed`: a job that fails by
   itself everywhere (a bad config, a NaN check) would fail again on new nodes.
-- restarting: stop what is left of the old attempt (the jobs document's `cancel`: SIGTERM, the trainer's
-  own stop path, then SIGKILL), wait until the group again has the job's node count of ready nodes, and
-  start the next attempt on the first of them by private IP (a new rendezvous host: the old one may be the
-  node that was lost) with the same job id and checkpoint directory: the trainer's `--resume auto` loads the
-  newest complete checkpoint. The attempt is written before any node is told to start, so a `cancel`
-  written meanwhile makes the write fail (job_table's optimistic concurrency) and the keeper stops there;
-  a cancel that lands after the write is seen right after the start, and the new attempt is cancelled.
+- restarting: stop what is left of the old attempt (the jobs document's `cancel` in mode abort: torchrun and
+  its workers SIGKILLed at once, bounded by ABORT_STOP_SECONDS, not the stop grace: the job restarts from its
+  local or durable checkpoint tier, and a collective save could only block without the lost node), wait until
+  the group again has the job's node count of ready nodes, and start the next attempt on the first of them by
+  private IP (a new rendezvous host: the old one may be the node that was lost) with the same job id and
+  checkpoint directory: the trainer's `--resume auto` loads the newest complete checkpoint. The attempt is
+  written before any node is told to start, so a `cancel` written meanwhile makes the write fail (job_table's
+  optimistic concurrency) and the keeper stops there; a cancel that lands after the write is seen right after
+  the start, and the new attempt is cancelled.
 - A Capacity Block that is about to end (its EventBridge expiration warning, or the reservation's end date
   within WARNING_BEFORE_END) stops the job with a checkpoint and records it `cancelled` by
   "capacity block end": never restarted.
@@ -42,9 +44,9 @@ import botocore.exceptions
 
 from cluster_aws.errors import ClusterctlError
 from cluster_aws.nodes import Node, list_nodes, select_job_nodes
-from cluster_jobs.document import query_job, submit_job
+from cluster_jobs.document import ABORT_STOP_SECONDS, abort_job, query_job, submit_job
+from cluster_jobs.job_parameters import JobParameters
 from cluster_jobs.node_states import GONE, NodeJobState
-from cluster_jobs.request import JobRequest
 from cluster_jobs.table import (
     ACTIVE_STATES,
     FINAL_STATES,
@@ -55,6 +57,7 @@ from cluster_jobs.table import (
     StaleRecord,
     utc_now_text,
 )
+from cluster_jobs.timeline import phase_text, with_node_phases
 
 LOG = logging.getLogger("job_keeper.keeper")
 
@@ -145,10 +148,12 @@ class Keeper:
         self._now = now
         self._sleep = sleep
         self._clock = clock
+        self._trigger = Trigger("manual")  # this round's: what saw a fault it finds (the restart timeline)
 
     # --- the round ---------------------------------------------------------------------------------------
 
     def reconcile(self, trigger: Trigger = Trigger("manual")) -> Outcome:
+        self._trigger = trigger
         record = self.table.active()
         if record is None:
             return Outcome(None, "idle", None, "no active job")
@@ -217,7 +222,10 @@ class Keeper:
 
     def _on_fault(self, record: JobRecord, fault: str, states: Sequence[NodeJobState]) -> Outcome:
         now = self._now()
-        attempt = dataclasses.replace(record.current, ended_at=utc_now_text(now), end_reason=fault)
+        by = self._trigger.kind + (f" ({self._trigger.detail})" if self._trigger.detail else "")
+        timeline = {**record.current.timeline, "fault_seen": phase_text(now), "ended": phase_text(now)}
+        attempt = dataclasses.replace(record.current, ended_at=utc_now_text(now), end_reason=fault,
+                                      timeline=timeline, fault_seen_by=record.current.fault_seen_by or by)
         record = dataclasses.replace(record, attempts=[*record.attempts[:-1], attempt])
         if record.restarts >= record.max_job_restarts:
             reason = (f"gave up after {record.restarts} restart(s) (maxJobRestarts {record.max_job_restarts}): "
@@ -229,6 +237,9 @@ class Keeper:
         record = self.table.save(dataclasses.replace(record, state="restarting", reason=fault), now)
         LOG.warning("job %s: attempt %d ended: %s; restarting", record.job_id, attempt.number, fault)
         self._stop_survivors(record.job_id, states)
+        ended = record.current
+        stopped = dataclasses.replace(ended, timeline={**ended.timeline, "survivors_stopped": phase_text(self._now())})
+        record = self.table.save(dataclasses.replace(record, attempts=[*record.attempts[:-1], stopped]), self._now())
         return self._continue_restart(record, stopped=True)
 
     # --- restarting --------------------------------------------------------------------------------------
@@ -251,7 +262,7 @@ class Keeper:
                           rendezvous_host=str(selected[0].private_ip), started_at=utc_now_text(now))
         record = self.table.save(
             dataclasses.replace(record, state="starting", attempts=[*record.attempts, attempt]), now)
-        request = JobRequest(
+        request = JobParameters(
             config=record.config, nodes=record.nodes, gpus_per_node=record.gpus_per_node,
             max_restarts=record.max_restarts, overrides=tuple(record.overrides), module=record.module,
             resume_from=record.resume_from, attempt=number)
@@ -335,10 +346,14 @@ class Keeper:
                               instance_ids, action, sleep=self._sleep, clock=self._clock)
 
     def _stop_survivors(self, job_id: str, states: Sequence[NodeJobState]) -> None:
+        """An ended attempt's nodes that still run: aborted (no collective save: its checkpoint tiers already
+        cover the job, and without the lost node the save would block until the stop grace)."""
         running = [s.instance_id for s in states if s.state == "running"]
         if running:
-            LOG.warning("job %s: stopping what is left on %s", job_id, ", ".join(running))
-            self._query(job_id, running, "cancel")
+            LOG.warning("job %s: aborting what is left on %s (within %d s, no checkpoint)", job_id,
+                        ", ".join(running), ABORT_STOP_SECONDS)
+            abort_job(self.clients.ssm, self.clients.ec2, self.settings.document_name, job_id, running,
+                      sleep=self._sleep, clock=self._clock)
 
     def _with_reports(self, record: JobRecord, states: Sequence[NodeJobState]) -> JobRecord:
         attempt = record.current
@@ -349,7 +364,7 @@ class Keeper:
         reached = max([*steps, attempt.step_reached or 0]) if steps or attempt.step_reached else None
         resumed = next((s for s in states if s.resumed_from_step is not None), None)
         attempt = dataclasses.replace(
-            attempt, node_reports=reports, step_reached=reached,
+            with_node_phases(attempt, states), node_reports=reports, step_reached=reached,
             resumed_from_step=resumed.resumed_from_step if resumed else attempt.resumed_from_step,
             resumed_from_tier=resumed.resumed_from_tier if resumed else attempt.resumed_from_tier,
         )

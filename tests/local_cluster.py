@@ -51,6 +51,7 @@ NODE_CONFIG = json.loads(GOLDEN_NODE_CONFIG.read_text())
 # cluster_constructs.node_config.checkpoint_root), so the checkpoint_dir clusterctl records is the directory the
 # nodes write.
 CHECKPOINT_ROOT = NODE_CONFIG["training"]["checkpointRoot"]
+CHECKPOINT_BUCKET = "drillstack-checkpointbucket-1a2b3c"  # the stack output CheckpointBucketName (no bucket here)
 FSX_MOUNT = "/fsx"
 IMAGE_ID = "ami-12c6146b"
 COMMAND_TIMEOUT_S = 300
@@ -145,8 +146,9 @@ class NodeRoot:
         path = self.root / "rendezvous-hosts.log"
         return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
 
-    def kill_everything(self) -> list[int]:
-        """SIGKILL every process of every job on this node (a node that lost power)."""
+    def kill_everything(self, signum: int = signal.SIGKILL) -> list[int]:
+        """SIGKILL every process of every job on this node (a node that lost power); SIGSTOP: a node that hangs,
+        its sockets left open, so its peers see no reset and block inside their collectives."""
         killed = []
         for status_path in (self.root / "var/lib/cluster/jobs").glob("*/status.json"):
             pid = json.loads(status_path.read_text()).get("supervisorPid")
@@ -154,7 +156,7 @@ class NodeRoot:
                 continue
             for victim in [*node_jobs.descendants(pid), pid]:
                 try:
-                    os.kill(victim, signal.SIGKILL)
+                    os.kill(victim, signum)
                     killed.append(victim)
                 except ProcessLookupError:
                     pass
@@ -175,6 +177,7 @@ class LocalCluster:
     base_port: int = field(default_factory=free_port_block)
     results: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     sent: list[dict[str, Any]] = field(default_factory=list)
+    frozen: list[NodeRoot] = field(default_factory=list)  # nodes lost while hung: their processes are killed at cleanup
 
     def __post_init__(self) -> None:
         self.fsx = self.base / "fsx"
@@ -225,6 +228,7 @@ class LocalCluster:
             "JobTableName": TABLE,
             "MaxJobRestarts": str(self.max_job_restarts),
             "CheckpointRoot": CHECKPOINT_ROOT,
+            "CheckpointBucketName": CHECKPOINT_BUCKET,
             "Fp8Backends": "none,torchao",
         }
         template = {
@@ -280,11 +284,16 @@ class LocalCluster:
         self.nodes[instance_id] = node
         return node
 
-    def lose(self, instance_id: str) -> str:
+    def lose(self, instance_id: str, *, hang: bool = False) -> str:
         """The node dies: its processes are killed, Auto Scaling terminates it and launches a replacement,
-        which boots. Returns the replacement's instance id."""
+        which boots. hang: its processes are stopped instead (SIGSTOP: an instance gone silent, a GPU hung in a
+        kernel), so its sockets stay open until the cleanup. Returns the replacement's instance id."""
         node = self.nodes.pop(instance_id)
-        node.kill_everything()
+        if hang:
+            node.kill_everything(signal.SIGSTOP)
+            self.frozen.append(node)
+        else:
+            node.kill_everything()
         before = set(self.instance_ids())
         self.autoscaling.terminate_instance_in_auto_scaling_group(
             InstanceId=instance_id, ShouldDecrementDesiredCapacity=False)
@@ -356,6 +365,6 @@ class LocalCluster:
         return FakeHttp(200), dict(result)
 
     def cleanup(self) -> None:
-        for node in list(self.nodes.values()):
+        for node in [*self.nodes.values(), *self.frozen]:
             node.kill_everything()
         shutil.rmtree(self.base, ignore_errors=True)

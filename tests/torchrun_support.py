@@ -37,9 +37,11 @@ class Run:
 
     @property
     def resumes(self) -> list[dict]:
-        """The trainer's resume lines: where each start of the trainer began (training.metrics.log_resume)."""
-        return [json.loads(line) for line in self.output.splitlines()
-                if line.startswith("{") and '"event": "resume"' in line]
+        """The trainer's resume lines: where each start of the trainer began (training.metrics.log_resume),
+        without the times of its restart phases (tests/clusterctl/test_status_timeline.py, the drills)."""
+        lines = [json.loads(line) for line in self.output.splitlines()
+                 if line.startswith("{") and '"event": "resume"' in line]
+        return [{k: v for k, v in line.items() if k != "phases"} for line in lines]
 
     @property
     def losses(self) -> dict[int, float]:

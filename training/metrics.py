@@ -19,6 +19,9 @@ job environment (CLUSTER_STACK_NAME, CLUSTER_JOB_ID), and {Cluster} for the metr
 It is the only way: a job has no AWS credentials to call CloudWatch with (the node's metadata service is
 closed to the job user: node_bootstrap/imds_block.py), so ``metrics.cloudwatch=true`` is refused.
 
+With ``[metrics] tensorboard`` rank 0 also appends the record's scalars to a TensorBoard event file next to the
+checkpoints (training/tensorboard.py).
+
 Step times are averaged over the steps since the last logged step on each rank (after a device synchronize)
 and all-gathered, so a straggler shows up as ``step_time_s_max`` with ``slowest_rank`` naming it. Throughput
 and MFU use the slowest rank's time: that is the pace of the synchronous job.
@@ -40,7 +43,9 @@ from typing import Any, TextIO
 import torch
 import torch.distributed as dist
 
-from training.config_sections import JOB_ID_ENV, MetricsConfig
+from training.config_metrics import MetricsConfig
+from training.config_sections import JOB_ID_ENV
+from training.tensorboard import EventFileWriter, scalars_of
 from training.validation import ValidationResult
 
 log = logging.getLogger(__name__)
@@ -157,15 +162,24 @@ def build_emf_record(record: dict[str, Any], *, namespace: str, cluster: str, jo
             "Cluster": cluster, "JobId": job_id, **values}
 
 
+def phase_time() -> str:
+    """The wall-clock time of a restart phase as the resume and first step lines carry it ("phases"): UTC, to the
+    millisecond, so the job supervisor, the job keeper and the drills lay a restart's phases on one timeline."""
+    now = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z"
+
+
 def log_resume(cfg: MetricsConfig, *, rank: int, local_rank: int, step: int, path: str | os.PathLike[str] | None,
-               stdout: TextIO | None = None, tier: str | None = None, fetched: int | None = None) -> None:
+               stdout: TextIO | None = None, tier: str | None = None, fetched: int | None = None,
+               phases: dict[str, str] | None = None) -> None:
     """The resume line, printed right after the run resumed from the checkpoint at ``path`` (``step`` its
     completed steps) or decided to start fresh (step 0, path None). Global rank 0 prints it, and local rank 0
     of every other node with its ``rank`` as the step lines do, so the status on every node of the job says
     which step this attempt started from (the job keeper's steps lost to a restart: the step reached minus
     this one). Every rank agreed on the checkpoint (train._agree_on_resume), so the nodes print the same.
     ``tier``: "durable" (checkpoint.dir) or "local" (the local tier, ``fetched`` shards of it from another
-    node); None for a fresh start. ``path`` of a local resume is this node's shard of rank ``rank``."""
+    node); None for a fresh start. ``path`` of a local resume is this node's shard of rank ``rank``. ``phases``:
+    when this start's process group was up ("rendezvous_done") and its checkpoint loaded ("checkpoint_loaded")."""
     if not cfg.json_lines or local_rank != 0:
         return
     record: dict[str, Any] = {"event": "resume", "step": step, "path": None if path is None else str(path)}
@@ -173,6 +187,8 @@ def log_resume(cfg: MetricsConfig, *, rank: int, local_rank: int, step: int, pat
         record["tier"] = tier
     if fetched is not None:
         record["fetched"] = fetched
+    if phases:
+        record["phases"] = phases
     if rank != 0:
         record["rank"] = rank
     out = stdout or sys.stdout
@@ -185,7 +201,7 @@ class MetricsLogger:
 
     def __init__(self, cfg: MetricsConfig, *, rank: int, world_size: int, device: torch.device,
                  model: ThroughputModel, stdout: TextIO | None = None, stderr: TextIO | None = None,
-                 local_rank: int = 0):
+                 local_rank: int = 0, tensorboard: EventFileWriter | None = None):
         self.cfg = cfg
         self.rank = rank
         self.local_rank = local_rank  # rank on this node: 0 prints the node's progress line
@@ -198,12 +214,15 @@ class MetricsLogger:
         self.emf = cfg.emf_enabled() and rank == 0
         self.emf_cluster = os.environ.get(CLUSTER_ENV) or "local"
         self.emf_job_id = os.environ.get(JOB_ID_ENV) or "local"
+        self.tensorboard = tensorboard  # rank 0's event file writer (training.tensorboard.open_tensorboard)
 
     def log_step(self, *, step: int, total_steps: int, loss: torch.Tensor, lr: float, grad_norm: torch.Tensor,
-                 step_time_s: float, validation: ValidationResult | None = None) -> dict[str, Any] | None:
+                 step_time_s: float, validation: ValidationResult | None = None,
+                 phases: dict[str, str] | None = None) -> dict[str, Any] | None:
         """Gather ``[step_time_s, loss]`` from every rank; rank 0 emits and returns the record. ``loss`` is
         this rank's mean loss of the step, ``step_time_s`` its mean step time since the last logged step.
-        ``validation``: the held-out loss evaluated after this step (the same on every rank), or None."""
+        ``validation``: the held-out loss evaluated after this step (the same on every rank), or None.
+        ``phases``: the first step of a start only, when its model was compiled and the step done."""
         local = torch.tensor([step_time_s, float(loss)], dtype=torch.float64, device=self.device)
         if dist.is_available() and dist.is_initialized() and self.world_size > 1:
             gathered = [torch.empty_like(local) for _ in range(self.world_size)]
@@ -212,13 +231,16 @@ class MetricsLogger:
             gathered = [local]
         if self.rank != 0:
             if self.local_rank == 0 and self.cfg.json_lines:  # this node's progress, for its job supervisor
-                self.stdout.write(json.dumps({"event": "step", "step": step, "rank": self.rank}) + "\n")
+                line = {"event": "step", "step": step, "rank": self.rank, **({"phases": phases} if phases else {})}
+                self.stdout.write(json.dumps(line) + "\n")
                 self.stdout.flush()
             return None
         rows = torch.stack(gathered).cpu().tolist()
         times = [row[0] for row in rows]
         mean_loss = sum(row[1] for row in rows) / len(rows)
         record: dict[str, Any] = {"event": "step", "step": step, "loss": mean_loss, "lr": lr}
+        if phases:
+            record["phases"] = phases
         ranks = summarize_ranks(times)
         record.update(throughput(ranks["step_time_s_max"], self.model))
         record.update(ranks)
@@ -231,6 +253,8 @@ class MetricsLogger:
         self._emit(record, total_steps)
         if self.emf:
             self._emit_emf({**record, "run_steps": total_steps, "step_time_s_median": median_step_time(times)})
+        if self.tensorboard is not None:
+            self.tensorboard.add_scalars(step, scalars_of(record))
         return record
 
     def _emit_emf(self, record: dict[str, Any]) -> None:

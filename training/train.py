@@ -15,6 +15,7 @@ import gc
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,10 +25,12 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from training.checkpoint.checkpointer import Checkpointer
+from training.checkpoint.compat import schedule_change
 from training.checkpoint.layout import read_train_state, step_dir
 from training.checkpoint.local_resume import choose_local_resume, keep_only, load_local
 from training.checkpoint.local_tier import LocalCheckpointer
-from training.checkpoint.resume import resolve_resume
+from training.checkpoint.resume import choose_resume
+from training.compile_cache import artifacts_path, load_compile_cache, save_compile_cache
 from training.config import TrainConfig
 from training.data import Batch, Prefetcher, build_batch_source
 from training.errors import ConfigError
@@ -37,7 +40,7 @@ from training.hardware import peak_bf16_tflops_per_gpu
 from training.hf.export import export_checkpoint
 from training.hf.load import load_hf_weights, resolve_init_model
 from training.loss import cross_entropy_loss
-from training.metrics import MetricsLogger, ThroughputModel, log_resume
+from training.metrics import MetricsLogger, ThroughputModel, log_resume, phase_time
 from training.model import ModelConfig, Transformer, flops_per_token, num_params
 from training.optim import apply_lr, build_optimizer, lr_at
 from training.parallelize import (
@@ -50,6 +53,7 @@ from training.parallelize import (
     set_process_group_timeout,
 )
 from training.preflight import run_preflight
+from training.tensorboard import open_tensorboard
 from training.validation import Validator, build_validator
 
 log = logging.getLogger(__name__)
@@ -64,11 +68,16 @@ class TrainResult:
     stopped_by_signal: bool  # True when SIGTERM ended it early (after a checkpoint)
 
 
-def train(cfg: TrainConfig, *, resume: str = "auto", local_resume: bool | None = None) -> TrainResult:
+def train(cfg: TrainConfig, *, resume: str = "auto", local_resume: bool | None = None,
+          overwrite_checkpoints: bool = False) -> TrainResult:
     """Train per ``cfg``; ``resume`` is ``auto`` | ``none`` | a checkpoint path (checkpoint.resolve_resume).
     ``local_resume``: whether a newer step of the local tier may win over ``resume`` (default: with
     ``auto``; ``python -m training`` also when ``--resume-from-dir`` chose another job's checkpoint).
-    Collective: under torchrun every rank calls it."""
+    ``overwrite_checkpoints``: a start with ``none`` or a path may delete the newer checkpoints of checkpoint.dir
+    (refused without it: checkpoint.claim_checkpoint_dir). Collective: under torchrun every rank calls it."""
+    if overwrite_checkpoints and resume == "auto":
+        raise ConfigError("--overwrite-checkpoints: allowed with --resume none or a checkpoint path; --resume auto "
+                          "continues the checkpoints there")
     # init.hf_dir: the model's shape is its config.json's (or the copy a fresh start left in checkpoint.dir)
     cfg = resolve_init_model(cfg)
     run_preflight(cfg, rank=int(os.environ.get("RANK", "0")))  # a bad setting fails here, before any build
@@ -76,14 +85,16 @@ def train(cfg: TrainConfig, *, resume: str = "auto", local_resume: bool | None =
         local_resume = resume == "auto"
     # 0) from here on a SIGTERM is a request to stop at the next step boundary, not an immediate death
     with StopRequest() as stop:
-        return _build_and_train(cfg, resume, local_resume, stop)
+        return _build_and_train(cfg, resume, local_resume, overwrite_checkpoints, stop)
 
 
-def _build_and_train(cfg: TrainConfig, resume: str, local_resume: bool, stop: StopRequest) -> TrainResult:
+def _build_and_train(cfg: TrainConfig, resume: str, local_resume: bool, overwrite: bool,
+                     stop: StopRequest) -> TrainResult:
     # 1) process group and device: nccl on CUDA (plus gloo for CPU tensors), gloo on the CPU
     dist_info = init_distributed(cfg.parallel.init_timeout_seconds)
+    rendezvous_done = phase_time()  # the restart timeline's phases (the resume line carries them)
     try:
-        result = _train_in_group(cfg, resume, local_resume, stop, dist_info)
+        result = _train_in_group(cfg, resume, local_resume, overwrite, stop, dist_info, rendezvous_done)
     except ConfigError:
         # A start-up check every rank fails alike (a --resume path that is no checkpoint, unreadable shards):
         # tear the group down before the error reaches the CLI, or the interpreter can abort at exit on the
@@ -99,12 +110,13 @@ def _build_and_train(cfg: TrainConfig, resume: str, local_resume: bool, stop: St
     return result
 
 
-def _train_in_group(cfg: TrainConfig, resume: str, local_resume: bool, stop: StopRequest,
-                    dist_info: DistInfo) -> TrainResult:
+def _train_in_group(cfg: TrainConfig, resume: str, local_resume: bool, overwrite: bool, stop: StopRequest,
+                    dist_info: DistInfo, rendezvous_done: str | None = None) -> TrainResult:
     device = dist_info.device
     log.info("rank %d/%d pid %d device %s", dist_info.rank, dist_info.world_size, os.getpid(), device)
     if dist_info.is_main:  # what this run computes with, before anything is built
-        log.info("torch %s; fp8: %s", torch.__version__, describe_fp8(cfg.fp8))
+        log.info("torch %s; fp8: %s", torch.__version__, describe_fp8(
+            cfg.fp8, param_dtype=cfg.parallel.param_dtype, reduce_dtype=cfg.parallel.reduce_dtype))
 
     # the held-out set ([validation]) is read now: a bad one fails before the model is built
     validator = build_validator(cfg, rank=dist_info.rank, world_size=dist_info.world_size)
@@ -114,6 +126,14 @@ def _train_in_group(cfg: TrainConfig, resume: str, local_resume: bool, stop: Sto
         log.info("global batch: %d tokens a step = seq %d x micro-batch %d x %d ranks x %d accumulated",
                  cfg.run.tokens_per_step(dist_info.world_size), cfg.run.seq_len, cfg.run.micro_batch_size,
                  dist_info.world_size, accum)
+    # the durable checkpoint to resume from (rank 0's choice): a config it cannot load, or a start that would
+    # save beside a newer run's checkpoints, fails now, before the model is built
+    resume_path = _agree_on_resume(resume, cfg, dist_info.rank, local_resume=local_resume, overwrite=overwrite)
+
+    # a restart compiles warm: the artifacts its job's first start saved in checkpoint.dir (compile_cache.py)
+    compile_cache = artifacts_path(cfg, dist_info.world_size)
+    warm = load_compile_cache(compile_cache)
+    save_cache = (lambda: save_compile_cache(compile_cache)) if dist_info.is_main and not warm else None
 
     # 2-8) the model, built in the one order (build_model)
     fp8 = build_fp8_backend(cfg.fp8)
@@ -134,9 +154,8 @@ def _train_in_group(cfg: TrainConfig, resume: str, local_resume: bool, stop: Sto
     local = LocalCheckpointer(cfg.checkpoint, rank=dist_info.rank, world_size=dist_info.world_size,
                               local_world_size=dist_info.local_world_size, device=dist_info.device)
     start_step, tier, fetched = 0, None, None
-    resume_path = _agree_on_resume(resume, cfg.checkpoint.dir, dist_info.rank)
-    durable_step = read_train_state(resume_path).step if resume_path is not None else 0
-    local_choice = choose_local_resume(local, not_older_than=durable_step) if local_resume else None
+    durable = read_train_state(resume_path) if resume_path is not None else None
+    local_choice = choose_local_resume(local, not_older_than=durable.step if durable else 0) if local_resume else None
     if local_choice is not None:
         load_local(local_choice, model, optimizer)
         start_step, tier, fetched, resume_path = local_choice.step, "local", local_choice.fetched, local_choice.path
@@ -152,12 +171,17 @@ def _train_in_group(cfg: TrainConfig, resume: str, local_resume: bool, stop: Sto
         # precomputed FP8 all-gather scales), derived again, so the next step runs the same code path
         fp8.post_optimizer_step(model)
     keep_only(local, local_choice.step if local_choice is not None else None)
+    checkpointer.set_start_step(start_step)  # keep_last never deletes this run's saves for another run's
+    if dist_info.is_main and durable is not None and (changed := schedule_change(durable.config, cfg, start_step)):
+        log.warning("%s", changed)  # a larger run.steps re-stretches the schedule: said once, at the start
     log_resume(cfg.metrics, rank=dist_info.rank, local_rank=dist_info.local_rank, step=start_step,
-               path=resume_path, tier=tier, fetched=fetched)
+               path=resume_path, tier=tier, fetched=fetched,
+               phases={"rendezvous_done": rendezvous_done or phase_time(), "checkpoint_loaded": phase_time()})
 
     # 11) the loop
     try:
-        result = _loop(cfg, model, optimizer, fp8, checkpointer, local, stop, dist_info, start_step, validator)
+        result = _loop(cfg, model, optimizer, fp8, checkpointer, local, stop, dist_info, start_step, validator,
+                       on_first_step=save_cache)
     except BaseException:
         local.abandon()  # its writer may wait on a rank that is gone: what it left is never counted
         checkpointer.close_after_error()  # a pending save may still complete; the first error propagates
@@ -167,7 +191,7 @@ def _train_in_group(cfg: TrainConfig, resume: str, local_resume: bool, stop: Sto
     destroy_distributed()
     if cfg.export.hf_dir and dist_info.is_main and not result.stopped_by_signal and result.steps_done == cfg.run.steps:
         # rank 0 alone, from the final checkpoint on disk, shard by shard (the other ranks may exit)
-        export_checkpoint(step_dir(cfg.checkpoint.dir, result.steps_done), cfg.export.hf_dir)
+        export_checkpoint(step_dir(cfg.checkpoint.dir, result.steps_done), cfg.export.resolve(cfg.checkpoint.dir))
     return result
 
 
@@ -199,7 +223,8 @@ def build_model(model_cfg: ModelConfig, parallel_cfg: ParallelConfig, fp8: Fp8Ba
 
 def _loop(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, fp8: Fp8Backend,
           checkpointer: Checkpointer, local: LocalCheckpointer, stop: StopRequest, dist_info: DistInfo,
-          start_step: int, validator: Validator | None = None) -> TrainResult:
+          start_step: int, validator: Validator | None = None,
+          on_first_step: Callable[[], object] | None = None) -> TrainResult:
     run = cfg.run
     device = dist_info.device
     total_steps = run.steps
@@ -227,9 +252,11 @@ def _loop(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, 
             flops_per_token=flops_per_token(cfg.model, run.seq_len),
             peak_tflops_per_gpu=peak_bf16_tflops_per_gpu(device),
         ),
+        tensorboard=open_tensorboard(cfg.metrics, cfg.checkpoint.dir, rank=dist_info.rank, start_step=start_step),
     )
     stopped = False
     done = start_step
+    compiled = ""
     interval_start, interval_steps = time.perf_counter(), 0
     try:
         for step in range(start_step, total_steps):
@@ -237,6 +264,8 @@ def _loop(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, 
             apply_lr(optimizer, lr)
             loss = _forward_backward(model, fp8, prefetcher.next_step(), accum,
                                      loss_chunk_tokens=cfg.parallel.loss_chunk_tokens)
+            if step == start_step:  # torch.compile compiles in the first forward and backward of a start
+                compiled = phase_time()
             grad_norm = clip_grad_norm_(model, cfg.optim.max_grad_norm)
             # a save's background copy of the state overlaps forward and backward; it must be complete before
             # the step changes the parameters and optimizer state (no-op without a save in flight)
@@ -255,10 +284,14 @@ def _loop(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, 
                 now = time.perf_counter()
                 # after the step time is taken (evaluating is not training time); the same on every rank
                 validation = validator.evaluate(model, step=done, device=device) if validator and validate else None
+                first = {"compiled": compiled, "first_step": phase_time()} if done == start_step + 1 else None
                 metrics.log_step(step=done, total_steps=total_steps, loss=loss, lr=lr, grad_norm=grad_norm,
-                                 step_time_s=(now - interval_start) / interval_steps, validation=validation)
+                                 step_time_s=(now - interval_start) / interval_steps, validation=validation,
+                                 phases=first)
                 if done == start_step + 1:  # start-up is over: a collective that now takes minutes is a hang
                     set_process_group_timeout(cfg.parallel.train_timeout_seconds, dist_info)
+                    if on_first_step is not None:  # rank 0 after a cold compile: the compile cache saved
+                        on_first_step()
                 interval_start, interval_steps = time.perf_counter(), 0
 
             # step boundary: finish a completed async save, agree on SIGTERM, save when due
@@ -277,13 +310,15 @@ def _loop(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, 
     return TrainResult(start_step=start_step, steps_done=done, stopped_by_signal=stopped)
 
 
-def _agree_on_resume(resume: str, checkpoint_root: str, rank: int) -> Path | None:
-    """resolve_resume on rank 0, broadcast to all: every rank loads the same step even if a save completes
-    while they look, and the warnings about incomplete directories are logged once, not once per rank."""
+def _agree_on_resume(resume: str, cfg: TrainConfig, rank: int, *, local_resume: bool,
+                     overwrite: bool) -> Path | None:
+    """choose_resume on rank 0, broadcast to all: every rank loads the same step even if a save completes
+    while they look, and the warnings about incomplete directories are logged once, not once per rank; a
+    refusal (a config the checkpoint cannot take, a start beside newer checkpoints) reaches every rank."""
     choice: list[object] = [None]
     if rank == 0:
         try:
-            choice[0] = resolve_resume(resume, checkpoint_root)
+            choice[0] = choose_resume(resume, cfg, local_resume=local_resume, overwrite=overwrite)
         except ConfigError as exc:
             choice[0] = exc
     if dist.is_initialized():

@@ -8,8 +8,10 @@ import datetime
 from collections.abc import Sequence
 
 from cluster_jobs import records as job_records
+from cluster_jobs.export import export_place, exported_step
 from cluster_jobs.node_states import GONE, NodeJobState, is_commcheck, overall_state, reported_busbw
 from cluster_jobs.table import JobRecord
+from cluster_jobs.timeline import restart_seconds, timeline_lines
 from clusterctl.render import format_table
 
 
@@ -20,8 +22,10 @@ def record_json(record: JobRecord, now: datetime.datetime) -> dict[str, object]:
     for attempt, raw in zip(record.attempts, data["attempts"], strict=True):
         raw["steps_lost"] = record.steps_lost(attempt.number)
     cost = job_records.cost_so_far_usd(record, now)
+    restarts = [restart_seconds(record, number) for number in range(1, record.attempt)]
     data.update(attempt=record.attempt, last_step=record.last_step,
-                cost_so_far_usd=None if cost is None else round(cost, 2))
+                cost_so_far_usd=None if cost is None else round(cost, 2),
+                restarts=[r for r in restarts if r is not None])
     return data
 
 
@@ -31,9 +35,11 @@ def attempt_summary(state: str, attempt: int, max_job_restarts: int) -> str:
     return f"{state}, attempt {attempt} (restarts: {max(0, attempt - 1)} of at most {max_job_restarts})"
 
 
-def format_record(record: JobRecord) -> str:
+def format_record(record: JobRecord, checkpoint_bucket: str | None = None, nodes_state: str | None = None) -> str:
     """The job as its record has it: the header, then one row per attempt (STEPS LOST: the step the attempt
-    reached minus the step the next one resumed from), then each attempt's nodes."""
+    reached minus the step the next one resumed from), then each attempt's nodes. An export job says what it
+    exports and where to, and where the model is in the checkpoint bucket (`nodes_state`: its nodes' overall
+    state, which says succeeded before the job keeper's next round records it)."""
     what = f"{record.module} {record.config}".rstrip()
     lines = [
         f"job {record.job_id}: {attempt_summary(record.state, record.attempt, record.max_job_restarts)}; {what} on "
@@ -41,7 +47,10 @@ def format_record(record: JobRecord) -> str:
     ]
     if record.reason:
         lines.append(f"reason: {record.reason}")
-    if record.checkpoint_dir:
+    place = export_place(record, checkpoint_bucket)
+    if place is not None:
+        lines += export_lines(record, place.fsx_dir, place.s3_uri, nodes_state)
+    elif record.checkpoint_dir:
         lines.append(f"checkpoints: {record.checkpoint_dir}")
     if record.fp8_backend:
         lines.append(f"fp8 backend: {record.fp8_backend}")
@@ -64,7 +73,23 @@ def format_record(record: JobRecord) -> str:
         rows,
     ))
     lines += [f"attempt {a.number} nodes: {', '.join(a.nodes)}" for a in record.attempts]
+    lines += timeline_lines(record)  # each restart's phases, in seconds from its fault
     return "\n".join(lines)
+
+
+def export_lines(record: JobRecord, fsx_dir: str, s3_uri: str | None, nodes_state: str | None = None) -> list[str]:
+    """What an export job exports and where, and where its model lands in S3 (nothing for an export that
+    failed or was cancelled)."""
+    step = exported_step(record)
+    which = f"step {step}" if step is not None else "its newest complete step"
+    lines = [f"export: job {record.resume_from}'s checkpoint, {which} -> {fsx_dir}"]
+    where = s3_uri or "the checkpoint bucket (stack output CheckpointBucketName)"
+    if "succeeded" in (record.state, nodes_state):
+        lines.append(f"model: {where} (the data repository association copies it from {fsx_dir}; complete "
+                     "once model.safetensors.index.json and every file it names are there)")
+    elif record.state not in ("failed", "cancelled"):
+        lines.append(f"model: lands in {where} once the export succeeds")
+    return lines
 
 
 def _resumed(step: int | None, tier: str | None) -> str | int | None:

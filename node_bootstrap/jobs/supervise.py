@@ -3,10 +3,16 @@ training env file, runs torchrun, tees its output to the job log, records status
 to torchrun so the trainer checkpoints before it exits.
 
 A training job is also watched for progress (progress.py): when its trainer logs no step for the hang
-timeout (the start timeout before the first step), the supervisor logs it with the last step seen, sends
+timeout (learned from its step cadence, at most jobHangTimeoutSeconds; the start timeout before the first
+step), the supervisor logs it with the last step seen, sends
 SIGTERM to torchrun, SIGKILL to everything the job started after the stop grace, and records the state
 `hung`. A job stopped by the node health monitor (a stop-request.json next to its status) is recorded
-`failed` with the monitor's reason."""
+`failed` with the monitor's reason.
+
+A stop request whose mode is "abort" (`cancel --mode abort`: the job keeper stopping an ended attempt's
+survivors, whose job restarts from a checkpoint tier) turns the SIGTERM that follows it into SIGKILL for torchrun
+and every process below it, so a rank blocked inside a collective is gone at once instead of after torchrun's
+shutdown timeout; the job is recorded `cancelled` with stopMode "abort"."""
 
 import os
 import signal
@@ -23,6 +29,7 @@ from node_bootstrap.jobs.errors import EXIT_FAILED, EXIT_NOT_FOUND, JobError
 from node_bootstrap.jobs.progress import ProgressWatch
 from node_bootstrap.jobs.settings import JobSettings
 from node_bootstrap.jobs.spec import (
+    CANCEL_ABORT,
     STOP_GRACE_SECONDS,
     TRAINING_MODULE,
     JobFiles,
@@ -32,6 +39,13 @@ from node_bootstrap.jobs.spec import (
 )
 
 _RESUME_HINT = b'"resume"'  # cheap test before a line is parsed as the trainer's resume line
+_PHASES_HINT = b'"phases"'  # the resume line and a start's first step line carry the trainer's restart phases
+
+
+def phase_time() -> str:
+    """Now, UTC to the millisecond: the trainer's phase times have the same form (training/metrics.py)."""
+    now = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z"
 
 
 def build_job_command(env_file: str, argv: list[str]) -> list[str]:
@@ -88,8 +102,10 @@ class Supervisor:
         # Progress is the trainer's step lines: a commcheck prints none (its collectives are bounded by the
         # process-group timeout instead), and a hang timeout of 0 turns the watch off.
         watched = spec.get("module", TRAINING_MODULE) == TRAINING_MODULE and settings.hang_timeout_s > 0
-        self.watch = ProgressWatch(settings.hang_timeout_s, settings.start_timeout_s) if watched else None
+        self.watch = ProgressWatch(settings.hang_timeout_s, settings.start_timeout_s,
+                                   floor_s=settings.hang_floor_s) if watched else None
         self.hung: Optional[str] = None  # why the job was declared hung
+        self.abort: Optional[dict[str, object]] = None  # the stop request of an abort, once one came
         self._log_lock = threading.Lock()  # the output thread and the watchdog both write the job log
         self.attempt = int(spec.get("attempt", 1))  # type: ignore[call-overload]  # 1: a job.json before attempts
         self.status: dict[str, object] = {
@@ -105,11 +121,33 @@ class Supervisor:
             "unit": spec.get("unit"),
             "launcher": spec.get("launcher"),
             "hostname": socket.gethostname(),
+            # the restart timeline on this node: when the supervisor began, then the trainer's own phases (_observe)
+            "phases": {"started": phase_time()},
         }
 
     def _on_sigterm(self, signum: int, frame: object) -> None:
         self.terminate_requested = True
-        self._forward(signum)
+        if self.abort is None:
+            request = read_json(self.files.stop_request_path)
+            if request is not None and request.get("mode") == CANCEL_ABORT:
+                self.abort = request
+        if self.abort is not None:
+            self._kill_all()
+        else:
+            self._forward(signum)
+
+    def _kill_all(self) -> None:
+        """SIGKILL to torchrun and to every process below it: torchrun starts its workers in new sessions, so
+        they are collected before torchrun dies (its orphans would no longer be its descendants)."""
+        if self.child is None or self.child.poll() is not None:
+            return
+        started = descendants(self.child.pid)
+        self._forward(signal.SIGKILL)
+        for pid in started:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def _forward(self, signum: int) -> None:
         if self.child is not None and self.child.poll() is None:
@@ -166,7 +204,7 @@ class Supervisor:
                 log.write((f"[node_bootstrap.jobs] {message}\n").encode())
                 return self._finish("failed", 127, error=message)
             if self.terminate_requested:  # SIGTERM arrived while the child was being created
-                self._forward(signal.SIGTERM)
+                self._on_sigterm(signal.SIGTERM, None)
             self.status["pid"] = self.child.pid
             write_json_atomic(self.files.status_path, self.status)
             watchdog = None
@@ -185,6 +223,10 @@ class Supervisor:
             assert self.watch is not None
             return self._finish("hung", exit_code, signal=signal_name, error="hung: " + self.hung,
                                 lastStepSeen=self.watch.last_step, lastStepAt=self.watch.last_step_at)
+        if self.abort is not None:
+            return self._finish("cancelled", exit_code, signal=signal_name, stopMode=CANCEL_ABORT,
+                                stopRequest=self.abort, error="aborted without a checkpoint by the {}: {}".format(
+                                    self.abort.get("by"), self.abort.get("reason")))
         request = read_json(self.files.stop_request_path) if self.terminate_requested else None
         if request is not None:
             return self._finish("failed", exit_code, signal=signal_name, stopRequest=request,
@@ -194,17 +236,25 @@ class Supervisor:
         return self._finish("succeeded" if exit_code == 0 else "failed", exit_code, signal=signal_name)
 
     def _observe(self, line: bytes) -> None:
-        """Each line of the job's output: progress for the hang watch, and the trainer's resume line, recorded
-        in the status as it comes (the line is printed once per start of the trainer, so on a long run it
-        leaves the log tail that `status` reads)."""
+        """Each line of the job's output: progress for the hang watch, and the trainer's resume line (and the
+        restart phases its resume and first step lines carry), recorded in the status as it comes (the line is
+        printed once per start of the trainer, so on a long run it leaves the log tail that `status` reads)."""
         if self.watch is not None:
             self.watch.observe(line)
-        if _RESUME_HINT in line:
-            event = find_last_event(line.decode("utf-8", "replace"), ("resume",))
-            if event is not None:
-                self.status["resumedFromStep"] = event.get("step")
-                self.status["resumedFromTier"] = event.get("tier")
-                write_json_atomic(self.files.status_path, self.status)
+        if _RESUME_HINT not in line and _PHASES_HINT not in line:
+            return
+        event = find_last_event(line.decode("utf-8", "replace"), ("resume", "step"))
+        if event is None:
+            return
+        if event["event"] == "resume":
+            self.status["resumedFromStep"] = event.get("step")
+            self.status["resumedFromTier"] = event.get("tier")
+        phases = event.get("phases")
+        if isinstance(phases, dict):  # the times the trainer took them: the restart timeline (cluster_jobs)
+            recorded = self.status.setdefault("phases", {})
+            assert isinstance(recorded, dict)
+            recorded.update({str(k): str(v) for k, v in phases.items() if v})
+        write_json_atomic(self.files.status_path, self.status)
 
     def _log_line(self, log: BinaryIO, text: str) -> None:
         with self._log_lock:
@@ -217,7 +267,7 @@ class Supervisor:
     def _watch_progress(self, child: "subprocess.Popen[bytes]", log: BinaryIO) -> None:
         """The watchdog thread: stop the job once the trainer is overdue (nothing to do once it exited)."""
         assert self.watch is not None
-        poll_s = min(1.0, max(0.05, self.watch.hang_timeout_s / 20))
+        poll_s = self.watch.poll_interval_s()
         while child.poll() is None:
             overdue = self.watch.overdue()
             if overdue is not None:

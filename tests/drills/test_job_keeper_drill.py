@@ -189,6 +189,9 @@ def test_a_capacity_block_end_stops_the_job_and_it_is_never_restarted(drills):
     assert final.reason.startswith("Capacity Block cr-0123456789abcdef0 ends at 2026-11-23T12:00:00Z")
     for node in record.attempts[0].nodes:
         assert drill.cluster.nodes[node].job_status(job_id)["state"] in ("cancelled", "succeeded")
+    # the block's end stops with the trainer's checkpoint: the document's default mode (save), never an abort
+    (cancel,) = [r["Parameters"] for r in drill.cluster.sent if r["Parameters"]["action"] == ["cancel"]]
+    assert "cancelMode" not in cancel and cancel["cancelTimeoutSeconds"] == ["120"], cancel
     # EC2 then terminates the instances: the keeper does not bring the job back
     lost = record.attempts[0].nodes[0]
     drill.cluster.boot(drill.cluster.lose(lost))

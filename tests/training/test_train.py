@@ -119,7 +119,10 @@ def test_the_embedded_default_trains_as_one_process_without_torchrun(tmp_path):
                    "--set", f"checkpoint.dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr
     resume, *records = [json.loads(line) for line in proc.stdout.splitlines()]
-    # first the resume line (the jobs launcher's resumedFromStep): an empty checkpoint.dir, a fresh start
+    # first the resume line (the jobs launcher's resumedFromStep): an empty checkpoint.dir, a fresh start; with
+    # the times of the start's phases, and the first step line with the rest (the restart timeline)
+    assert set(resume.pop("phases")) == {"rendezvous_done", "checkpoint_loaded"}
+    assert set(records[0].pop("phases")) == {"compiled", "first_step"} and "phases" not in records[1]
     assert resume == {"event": "resume", "step": 0, "path": None}
     assert [r["step"] for r in records] == [1, 10, 20] and {r["event"] for r in records} == {"step"}
     assert records[-1]["loss"] < records[0]["loss"]
@@ -141,6 +144,7 @@ def test_the_default_config_trains_on_byte_shards_from_prepare(tmp_path):
                    "--set", "run.log_interval_steps=10")
     assert proc.returncode == 0, proc.stderr  # the tiny preset's vocabulary (320) holds the byte ids (257)
     resume, *records = [json.loads(line) for line in proc.stdout.splitlines()]
+    resume.pop("phases")  # their times: test_the_embedded_default_trains_as_one_process_without_torchrun
     assert resume == {"event": "resume", "step": 0, "path": None}
     assert [(r["event"], r["step"]) for r in records] == [("step", 1), ("step", 10)]
     assert records[-1]["loss"] < records[0]["loss"]
