@@ -29,6 +29,7 @@ from node_bootstrap.jobs.errors import EXIT_FAILED, EXIT_NOT_FOUND, JobError
 from node_bootstrap.jobs.progress import ProgressWatch
 from node_bootstrap.jobs.settings import JobSettings
 from node_bootstrap.jobs.spec import (
+    ABORT_STOP_SECONDS,
     CANCEL_ABORT,
     STOP_GRACE_SECONDS,
     TRAINING_MODULE,
@@ -276,22 +277,26 @@ class Supervisor:
             time.sleep(poll_s)
 
     def _stop_hung(self, child: "subprocess.Popen[bytes]", log: BinaryIO, reason: str) -> None:
-        """SIGTERM to torchrun (it stops its workers), SIGKILL to whatever the job started after the grace."""
+        """SIGTERM to torchrun (it stops its workers), SIGKILL to whatever the job started after a short bound:
+        the stop grace exists for the SIGTERM checkpoint, which the trainer takes at a step boundary a hung rank
+        never reaches, so waiting it out would only delay the restart (the local and durable tiers hold the
+        state). ABORT_STOP_SECONDS, the keeper's bound for an abort, or the grace if that is shorter."""
         self.hung = reason
-        message = f"{utc_now()} hung: {reason}; stopping the job: SIGTERM, SIGKILL after {self.stop_grace_s:g} s"
+        bound_s = min(self.stop_grace_s, float(ABORT_STOP_SECONDS))
+        message = f"{utc_now()} hung: {reason}; stopping the job: SIGTERM, SIGKILL after {bound_s:g} s"
         self._log_line(log, message)
         print(f"[node_bootstrap.jobs] {message}", file=sys.stderr, flush=True)
         # torchrun starts its workers in new sessions: collect them now, while they are still its children.
         started = set(descendants(child.pid))
         self._forward(signal.SIGTERM)
-        deadline = time.monotonic() + self.stop_grace_s
+        deadline = time.monotonic() + bound_s
         while child.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         if child.poll() is None:
             started.update(descendants(child.pid))
         alive = [pid for pid in started if _running(pid)]
         if child.poll() is None or alive:
-            self._log_line(log, f"{utc_now()} still running {self.stop_grace_s:g} s after SIGTERM: SIGKILL")
+            self._log_line(log, f"{utc_now()} still running {bound_s:g} s after SIGTERM: SIGKILL")
             self._forward(signal.SIGKILL)
             for pid in alive:
                 try:

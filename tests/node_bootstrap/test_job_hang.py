@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from node_jobs_support import wait_until
 
+from node_bootstrap.job_contract import ABORT_STOP_SECONDS
 from node_bootstrap.jobs.progress import HANG_FACTOR, MIN_INTERVALS, RESTART_MARKER, ProgressWatch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -182,7 +183,7 @@ def test_a_trainer_that_stops_stepping_is_stopped_and_marked_hung(node):
     log = n.log(job)
     assert "SIGTERM received: exiting" in log
     assert f"Z hung: {why}, waiting for a step (last step seen: 3 at " in log
-    assert f"stopping the job: SIGTERM, SIGKILL after {GRACE_S} s" in log and "still running" not in log
+    assert f"stopping the job: SIGTERM, SIGKILL after {ABORT_STOP_SECONDS} s" in log and "still running" not in log
     # `status` (what clusterctl status reads through SSM) reports it
     reported = json.loads(n.cli("status", "--job-id", job).stdout)
     assert reported["state"] == "hung" and reported["lastStep"] == 3
@@ -193,7 +194,8 @@ def test_a_hung_trainer_that_ignores_sigterm_is_killed_after_the_grace_period(no
     job = n.start()
     status = n.wait_end(job, HANG_S + GRACE_S + 15)
     assert status["state"] == "hung" and status["signal"] == "SIGKILL"
-    assert f"still running {GRACE_S} s after SIGTERM: SIGKILL" in n.log(job)
+    # not the job's stop grace (GRACE_S): a hung rank never reaches the step boundary where SIGTERM saves
+    assert f"still running {ABORT_STOP_SECONDS} s after SIGTERM: SIGKILL" in n.log(job)
     worker = int(n.worker_file.read_text())
     wait_until(lambda: not running(worker), 10, "the worker in its own session to be killed")
 
