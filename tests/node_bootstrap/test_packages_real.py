@@ -120,7 +120,7 @@ def test_the_lock_installs_imports_proves_fp8_and_trains(node):
         [sys.executable, "-m", "node_bootstrap.jobs", "--root", str(root), "status", "--job-id", JOB],
         cwd=REPO, capture_output=True, text=True, timeout=60, check=True).stdout)
     assert (status["state"], status["exitCode"], status["lastStep"]) == ("succeeded", 0, 4), log[-3000:]
-    assert "fp8: torchao 0.18.0 (tensorwise, emulate)" in log
+    assert "fp8: torchao 0.18.0 (tensorwise, emulate; " in log
 
 
 def test_a_torch_outside_the_lock_and_a_changed_wheel_fail_the_step(node):
