@@ -29,9 +29,12 @@ from node_bootstrap.jobs.attempt_log import attempt_part
 pytestmark = pytest.mark.slow
 
 LOCAL_INTERVAL = 10
-SPARE_STEPS = 40
-# no durable save before the last step: only the local tier can serve a restart at step ~20
-SPARE_JOB = [*JOB_OVERRIDES, f"run.steps={SPARE_STEPS}", "checkpoint.interval_steps=50",
+# Far more steps than the 20 the drills wait for before they lose a node: the job must still be running when
+# the node goes (with 40, a compiled tiny model once finished every step in the time the drill took to notice
+# step 20 and stop the node, and attempt 2 had nothing to train)
+SPARE_STEPS = 200
+# no durable save before the last step (interval 0: only the final one): only the local tier can serve the restart
+SPARE_JOB = [*JOB_OVERRIDES, f"run.steps={SPARE_STEPS}", "checkpoint.interval_steps=0",
              f"checkpoint.local_interval_steps={LOCAL_INTERVAL}"]
 COUNTED = "local checkpoint step 20 complete on every rank"
 # the hung-node drill: torch.compile on (Inductor on the CPU), in the job and in the straight run it is compared with
