@@ -262,7 +262,10 @@ class LocalCluster:
         root = self.base / instance_id
         (root / "etc/cluster").mkdir(parents=True)
         (root / "etc/cluster/node-config.json").write_text(json.dumps(NODE_CONFIG))
-        (root / "etc/cluster/training.env").write_text("OMP_NUM_THREADS=1\nPYTHONUNBUFFERED=1\n")
+        # each node its own temporary directory, as a node's job has its own scratch: Inductor's directory
+        # (training/compile_cache.py) is per node, so a spare starts without the compiled kernels of the others
+        (root / "tmp").mkdir()
+        (root / "etc/cluster/training.env").write_text(f"OMP_NUM_THREADS=1\nPYTHONUNBUFFERED=1\nTMPDIR={root}/tmp\n")
         (root / "opt/cluster").mkdir(parents=True)
         (root / "opt/cluster/bundle").symlink_to(REPO)
         trainer_python = root / "opt/pytorch/bin/python"

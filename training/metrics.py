@@ -171,7 +171,7 @@ def phase_time() -> str:
 
 def log_resume(cfg: MetricsConfig, *, rank: int, local_rank: int, step: int, path: str | os.PathLike[str] | None,
                stdout: TextIO | None = None, tier: str | None = None, fetched: int | None = None,
-               phases: dict[str, str] | None = None) -> None:
+               phases: dict[str, str] | None = None, compile_cache: str | None = None) -> None:
     """The resume line, printed right after the run resumed from the checkpoint at ``path`` (``step`` its
     completed steps) or decided to start fresh (step 0, path None). Global rank 0 prints it, and local rank 0
     of every other node with its ``rank`` as the step lines do, so the status on every node of the job says
@@ -179,7 +179,9 @@ def log_resume(cfg: MetricsConfig, *, rank: int, local_rank: int, step: int, pat
     this one). Every rank agreed on the checkpoint (train._agree_on_resume), so the nodes print the same.
     ``tier``: "durable" (checkpoint.dir) or "local" (the local tier, ``fetched`` shards of it from another
     node); None for a fresh start. ``path`` of a local resume is this node's shard of rank ``rank``. ``phases``:
-    when this start's process group was up ("rendezvous_done") and its checkpoint loaded ("checkpoint_loaded")."""
+    when this start's process group was up ("rendezvous_done") and its checkpoint loaded ("checkpoint_loaded").
+    ``compile_cache`` (with torch.compile): "snapshot" when this node's Inductor directory holds the job's
+    snapshot before the first compile (a warm compile, training/compile_cache.py), "cold" when there was none."""
     if not cfg.json_lines or local_rank != 0:
         return
     record: dict[str, Any] = {"event": "resume", "step": step, "path": None if path is None else str(path)}
@@ -189,6 +191,8 @@ def log_resume(cfg: MetricsConfig, *, rank: int, local_rank: int, step: int, pat
         record["fetched"] = fetched
     if phases:
         record["phases"] = phases
+    if compile_cache is not None:
+        record["compile_cache"] = compile_cache
     if rank != 0:
         record["rank"] = rank
     out = stdout or sys.stdout

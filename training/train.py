@@ -30,7 +30,13 @@ from training.checkpoint.layout import read_train_state, step_dir
 from training.checkpoint.local_resume import choose_local_resume, keep_only, load_local
 from training.checkpoint.local_tier import LocalCheckpointer
 from training.checkpoint.resume import choose_resume
-from training.compile_cache import artifacts_path, load_compile_cache, save_compile_cache
+from training.compile_cache import (
+    CompileCache,
+    compile_cache_for,
+    inductor_dir,
+    restore_compile_cache,
+    save_compile_cache,
+)
 from training.config import TrainConfig
 from training.data import Batch, Prefetcher, build_batch_source
 from training.errors import ConfigError
@@ -93,8 +99,12 @@ def _build_and_train(cfg: TrainConfig, resume: str, local_resume: bool, overwrit
     # 1) process group and device: nccl on CUDA (plus gloo for CPU tensors), gloo on the CPU
     dist_info = init_distributed(cfg.parallel.init_timeout_seconds)
     rendezvous_done = phase_time()  # the restart timeline's phases (the resume line carries them)
+    # Inductor writes into this run's own directory, which a restart restores on a node that lacks it
+    compile_cache = compile_cache_for(cfg, dist_info.world_size)
     try:
-        result = _train_in_group(cfg, resume, local_resume, overwrite, stop, dist_info, rendezvous_done)
+        with inductor_dir(compile_cache):
+            result = _train_in_group(cfg, resume, local_resume, overwrite, stop, dist_info, compile_cache,
+                                     rendezvous_done)
     except ConfigError:
         # A start-up check every rank fails alike (a --resume path that is no checkpoint, unreadable shards):
         # tear the group down before the error reaches the CLI, or the interpreter can abort at exit on the
@@ -111,7 +121,8 @@ def _build_and_train(cfg: TrainConfig, resume: str, local_resume: bool, overwrit
 
 
 def _train_in_group(cfg: TrainConfig, resume: str, local_resume: bool, overwrite: bool, stop: StopRequest,
-                    dist_info: DistInfo, rendezvous_done: str | None = None) -> TrainResult:
+                    dist_info: DistInfo, compile_cache: CompileCache | None = None,
+                    rendezvous_done: str | None = None) -> TrainResult:
     device = dist_info.device
     log.info("rank %d/%d pid %d device %s", dist_info.rank, dist_info.world_size, os.getpid(), device)
     if dist_info.is_main:  # what this run computes with, before anything is built
@@ -130,9 +141,9 @@ def _train_in_group(cfg: TrainConfig, resume: str, local_resume: bool, overwrite
     # save beside a newer run's checkpoints, fails now, before the model is built
     resume_path = _agree_on_resume(resume, cfg, dist_info.rank, local_resume=local_resume, overwrite=overwrite)
 
-    # a restart compiles warm: the artifacts its job's first start saved in checkpoint.dir (compile_cache.py)
-    compile_cache = artifacts_path(cfg, dist_info.world_size)
-    warm = load_compile_cache(compile_cache)
+    # a restart compiles warm: Inductor's directory as its job's first start left it in checkpoint.dir, restored
+    # on a node that lacks it, as a spare does (compile_cache.py)
+    warm = restore_compile_cache(compile_cache)
     save_cache = (lambda: save_compile_cache(compile_cache)) if dist_info.is_main and not warm else None
 
     # 2-8) the model, built in the one order (build_model)
@@ -176,7 +187,8 @@ def _train_in_group(cfg: TrainConfig, resume: str, local_resume: bool, overwrite
         log.warning("%s", changed)  # a larger run.steps re-stretches the schedule: said once, at the start
     log_resume(cfg.metrics, rank=dist_info.rank, local_rank=dist_info.local_rank, step=start_step,
                path=resume_path, tier=tier, fetched=fetched,
-               phases={"rendezvous_done": rendezvous_done or phase_time(), "checkpoint_loaded": phase_time()})
+               phases={"rendezvous_done": rendezvous_done or phase_time(), "checkpoint_loaded": phase_time()},
+               compile_cache=None if compile_cache is None else "snapshot" if warm else "cold")
 
     # 11) the loop
     try:

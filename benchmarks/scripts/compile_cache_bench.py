@@ -4,12 +4,14 @@ Each measurement is a fresh `python -m training` process (one rank, torch.compil
 empty Inductor cache directory (TORCHINDUCTOR_CACHE_DIR), so nothing is warm but what training/compile_cache.py
 brings:
 
-- cold: an empty checkpoint directory: it compiles cold and saves the artifacts after its first step;
+- cold: an empty checkpoint directory: it compiles cold and snapshots its Inductor directory after its first step;
 - warm: another checkpoint directory holding a copy of the cold run's compile-cache/ (what a restart's spare finds
-  on FSx): it loads them and compiles warm.
+  on FSx): it restores the snapshot into its empty Inductor directory and compiles warm.
 
 The compile time is the first step's "compiled" phase less its "checkpoint_loaded" phase (the trainer's own
-timeline: the first forward and backward, where torch.compile compiles). Runs alternate cold, warm, cold, warm...
+timeline: the first forward and backward, where torch.compile compiles), the restore included. A third figure,
+eager, is the same first step without torch.compile: the forward and backward themselves, which no cache removes.
+Runs alternate eager, cold, warm, eager, cold, warm...
 
     PYTHONPATH=. python3 benchmarks/scripts/compile_cache_bench.py --preset 125m --repeats 2 --json out.json
 """
@@ -37,10 +39,10 @@ def phase_seconds(phases: dict[str, str], start: str, end: str) -> float:
     return (parse(phases[end]) - parse(phases[start])).total_seconds()
 
 
-def run_once(workdir: Path, checkpoint_dir: Path, args: argparse.Namespace,
-             inductor: Path | None = None) -> dict[str, object]:
-    inductor = inductor or Path(tempfile.mkdtemp(dir=workdir, prefix="inductor-"))
-    overrides = [f"model.preset={args.preset}", "parallel.compile=true", "run.steps=1",
+def run_once(workdir: Path, checkpoint_dir: Path, args: argparse.Namespace, *,
+             compile_on: bool = True) -> dict[str, object]:
+    inductor = Path(tempfile.mkdtemp(dir=workdir, prefix="inductor-"))
+    overrides = [f"model.preset={args.preset}", f"parallel.compile={str(compile_on).lower()}", "run.steps=1",
                  f"run.seq_len={args.seq_len}", "run.micro_batch_size=1", "run.grad_accum_steps=1",
                  f"checkpoint.dir={checkpoint_dir}", "checkpoint.interval_steps=1000"]
     cmd = [sys.executable, "-m", "training", "--config", "training/configs/tiny-cpu.toml", "--resume", "none"]
@@ -54,7 +56,7 @@ def run_once(workdir: Path, checkpoint_dir: Path, args: argparse.Namespace,
     step = next(json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"event": "step"'))
     phases = {**resume["phases"], **step["phases"]}
     return {"compile_s": round(phase_seconds(phases, "checkpoint_loaded", "compiled"), 2), "inductor": str(inductor),
-            "loaded_cache": "compile cache loaded from" in done.stderr,
+            "restored_cache": "compile cache restored from" in done.stderr,
             "saved_cache": "compile cache saved to" in done.stderr}
 
 
@@ -67,10 +69,11 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    cold, warm = [], []
+    eager, cold, warm = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         for i in range(args.repeats):
+            eager.append(run_once(workdir, workdir / f"eager-{i}", args, compile_on=False))
             first = workdir / f"cold-{i}"
             cold.append(run_once(workdir, first, args))
             second = workdir / f"warm-{i}"
@@ -80,9 +83,10 @@ def main() -> None:
     result = {
         "date": datetime.date.today().isoformat(), "preset": args.preset, "seq_len": args.seq_len,
         "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
-        "cpus": os.cpu_count(), "load_average": os.getloadavg(), "cold": cold, "warm": warm,
-        "cold_median_s": statistics.median(r["compile_s"] for r in cold),
-        "warm_median_s": statistics.median(r["compile_s"] for r in warm),
+        "cpus": os.cpu_count(), "load_average": os.getloadavg(), "eager": eager, "cold": cold, "warm": warm,
+        "eager_median_s": round(statistics.median(r["compile_s"] for r in eager), 2),
+        "cold_median_s": round(statistics.median(r["compile_s"] for r in cold), 2),
+        "warm_median_s": round(statistics.median(r["compile_s"] for r in warm), 2),
     }
     result["warm_over_cold"] = round(result["warm_median_s"] / result["cold_median_s"], 3)
     text = json.dumps(result, indent=2)
