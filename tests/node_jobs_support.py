@@ -149,7 +149,8 @@ class Node:
 
 def expected_argv(node_root: Path, job_id: str):
     return [
-        "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "8", "--rdzv-backend", "c10d",
+        "-m", "training.torchrun", "--exit-barrier-seconds", "30",
+        "--nnodes", "2", "--nproc-per-node", "8", "--rdzv-backend", "c10d",
         "--rdzv-endpoint", "10.0.1.17:29400", "--rdzv-id", job_id, "--max-restarts", "2",
         "--shutdown-timeout", "110", "-m", "training", "--config", "training/configs/tiny-cpu.toml", "--resume", "auto",
         "--set", "optim.lr=3e-4", "--set", "train.steps=100",

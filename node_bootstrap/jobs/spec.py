@@ -40,6 +40,11 @@ from node_bootstrap.jobs.settings import JobSettings
 
 UNIT_PREFIX = "training-job-"
 TORCHRUN_EXIT_SECONDS = 10  # of the stop grace: torchrun's own exit and the supervisor's status write after it
+# torchrun as the nodes run it: torch.distributed.run with its agents' exit barrier bounded (300 s by default, and
+# deaf to SIGTERM: a node whose workers ended while another node's agent was being stopped waited it out;
+# training/torchrun.py says when that happens)
+TORCHRUN_MODULE = "training.torchrun"
+TORCHRUN_EXIT_BARRIER_SECONDS = 30
 # The SSM document's step (aws:runShellScript timeoutSeconds) stops a node command after this long.
 COMMAND_TIMEOUT_SECONDS = 900
 # What `cancel` may still need after its SIGTERM wait: up to 10 s for the end to be recorded after SIGKILL,
@@ -239,7 +244,7 @@ def build_torchrun_argv(settings: JobSettings, spec: JobSpec) -> list[str]:
         return [settings.python, "-m", EXPORT_MODULE, "--checkpoint", checkpoint_dir(settings, spec.resume_from),
                 "--out", export_out_dir(settings, spec.job_id)] + build_option_args(spec.overrides)
     argv = [
-        settings.python, "-m", "torch.distributed.run",
+        settings.python, "-m", TORCHRUN_MODULE, "--exit-barrier-seconds", str(TORCHRUN_EXIT_BARRIER_SECONDS),
         "--nnodes", str(spec.nodes),
         "--nproc-per-node", str(spec.gpus_per_node),
         "--rdzv-backend", "c10d",

@@ -57,6 +57,7 @@ def make_node(tmp_path: Path) -> tuple[Path, Path]:
     trainer.mkdir(parents=True)
     (trainer / "__init__.py").write_text("")
     (trainer / "__main__.py").write_text(BLOCKED_TRAINER)
+    (trainer / "torchrun.py").write_text((REPO / "training/torchrun.py").read_text())  # the real torchrun wrapper
     (root / "etc/passwd").write_text(f"cluster-job:x:{os.getuid()}:{os.getgid()}::/var/lib/cluster-job:/bin/false\n")
     (root / "etc/group").write_text(f"cluster-job:x:{os.getgid()}:\n")
     python = root / "opt/pytorch/bin/python"

@@ -70,6 +70,7 @@ def test_a_sigterm_save_slower_than_torchruns_default_is_not_killed(tmp_path):
     trainer.mkdir(parents=True)
     (trainer / "__init__.py").write_text("")
     (trainer / "__main__.py").write_text(STAND_IN_TRAINER)
+    (trainer / "torchrun.py").write_text((REPO / "training/torchrun.py").read_text())  # the real torchrun wrapper
     (root / "etc/passwd").write_text(
             f"cluster-job:x:{os.getuid()}:{os.getgid()}::/var/lib/cluster-job:/bin/false\n")
     (root / "etc/group").write_text(f"cluster-job:x:{os.getgid()}:\n")

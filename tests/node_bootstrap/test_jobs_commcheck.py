@@ -21,7 +21,8 @@ def test_commcheck_job_runs_the_check_module_with_options_and_status_reports_bus
     node.wait_state("j-cc-1", "succeeded")
     record = json.loads(node.record.read_text())
     assert record["argv"] == [
-        "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "8", "--rdzv-backend", "c10d",
+        "-m", "training.torchrun", "--exit-barrier-seconds", "30",
+        "--nnodes", "2", "--nproc-per-node", "8", "--rdzv-backend", "c10d",
         "--rdzv-endpoint", "10.0.1.17:29400", "--rdzv-id", "j-cc-1", "--max-restarts", "0",
         "--shutdown-timeout", "110", "-m", "training.commcheck",
         "--sizes-mib", "64,1024", "--min-busbw-gbps", "350", "--dtype", "bfloat16",
