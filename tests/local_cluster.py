@@ -29,6 +29,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,7 @@ CHECKPOINT_BUCKET = "drillstack-checkpointbucket-1a2b3c"  # the stack output Che
 FSX_MOUNT = "/fsx"
 IMAGE_ID = "ami-12c6146b"
 COMMAND_TIMEOUT_S = 300
+SHARED_INDUCTOR_DIR = Path(tempfile.gettempdir()) / f"torchinductor-drills-{os.getuid()}"
 
 # Stands in for `python3` on the node's PATH: the document's script runs `python3 -m node_bootstrap.jobs ...`.
 NODE_PYTHON_SHIM = """\
@@ -262,10 +264,12 @@ class LocalCluster:
         root = self.base / instance_id
         (root / "etc/cluster").mkdir(parents=True)
         (root / "etc/cluster/node-config.json").write_text(json.dumps(NODE_CONFIG))
-        # each node its own temporary directory, as a node's job has its own scratch: Inductor's directory
-        # (training/compile_cache.py) is per node, so a spare starts without the compiled kernels of the others
+        # each node its own temporary directory, as a node's job has its own scratch; Inductor's directory is
+        # this machine's one for the drills (warm from earlier drills, as it was before the compile cache),
+        # except on a node that must start without it (empty_inductor_dir)
         (root / "tmp").mkdir()
-        (root / "etc/cluster/training.env").write_text(f"OMP_NUM_THREADS=1\nPYTHONUNBUFFERED=1\nTMPDIR={root}/tmp\n")
+        (root / "etc/cluster/training.env").write_text(
+            f"OMP_NUM_THREADS=1\nPYTHONUNBUFFERED=1\nTMPDIR={root}/tmp\nTORCHINDUCTOR_CACHE_DIR={SHARED_INDUCTOR_DIR}\n")
         (root / "opt/cluster").mkdir(parents=True)
         (root / "opt/cluster/bundle").symlink_to(REPO)
         trainer_python = root / "opt/pytorch/bin/python"
@@ -286,6 +290,15 @@ class LocalCluster:
         node = NodeRoot(instance_id, root, shim_dir)
         self.nodes[instance_id] = node
         return node
+
+    def empty_inductor_dir(self, instance_id: str) -> Path:
+        """The node's jobs compile into an Inductor directory of its own, empty: a spare that never ran the job,
+        whose warm compile can come only from the job's snapshot (training/compile_cache.py). Returns it."""
+        node = self.nodes[instance_id]
+        env_file = node.root / "etc/cluster/training.env"
+        own = node.root / "inductor"
+        env_file.write_text(env_file.read_text().replace(str(SHARED_INDUCTOR_DIR), str(own)))
+        return own
 
     def lose(self, instance_id: str, *, hang: bool = False) -> str:
         """The node dies: its processes are killed, Auto Scaling terminates it and launches a replacement,

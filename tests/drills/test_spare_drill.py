@@ -42,6 +42,17 @@ COMPILED_JOB = [*SPARE_JOB, "parallel.compile=true"]
 HUNG_NODE_BUDGET_S = 30.0  # issue 30's target from the hang to the first resumed step on a 2-core machine
 
 
+@pytest.fixture(scope="module")
+def straight_losses(tmp_path_factory) -> dict[int, float]:
+    """Rank 0's losses of the drills' job run straight through (2 ranks, the same config, no failure): both
+    drills run the same job, so they compare with one straight run."""
+    extra = [o for o in COMPILED_JOB if o not in SMALL] + [f"checkpoint.dir={tmp_path_factory.mktemp('straight')}"]
+    straight = torchrun(extra, resume="none")
+    assert straight.returncode == 0, straight.output[-3000:]
+    assert sorted(straight.losses) == list(range(1, SPARE_STEPS + 1))
+    return straight.losses
+
+
 def attempt_2_losses(drill, job_id: str, nodes: list[str]) -> dict[int, float]:
     """Rank 0's losses in attempt 2 (the node it ran on has them)."""
     parts = [attempt_part("", drill.cluster.nodes[n].job_log(job_id), 2)[1] for n in nodes]
@@ -49,7 +60,7 @@ def attempt_2_losses(drill, job_id: str, nodes: list[str]) -> dict[int, float]:
     return losses(rank0)
 
 
-def test_a_lost_node_restarts_at_once_on_the_spare_from_the_local_tier(drills, tmp_path):
+def test_a_lost_node_restarts_at_once_on_the_spare_from_the_local_tier(drills, straight_losses):
     drill = drills(spare_nodes=1)
     submitted = drill.clusterctl("submit", "--config", "training/configs/tiny-cpu.toml", "--max-restarts", "0",
                                  *(f"--set={o}" for o in COMPILED_JOB))
@@ -59,6 +70,7 @@ def test_a_lost_node_restarts_at_once_on_the_spare_from_the_local_tier(drills, t
     job_id = submitted.out.splitlines()[0]
     first = drill.record(job_id).attempts[0]
     (spare,) = set(drill.cluster.instance_ids()) - set(first.nodes)
+    drill.cluster.empty_inductor_dir(spare)
     assert len(first.nodes) == 2  # NodeCount, not the group's 3
     nodes = drill.clusterctl("nodes")
     assert "3 of 3 nodes ready (DrillStack: 2 x p5.48xlarge for jobs + 1 spare, capacity on-demand)" in nodes.out
@@ -109,10 +121,7 @@ def test_a_lost_node_restarts_at_once_on_the_spare_from_the_local_tier(drills, t
 
     # bit for bit the straight run's losses from the resumed step on (2 ranks, the same config, no failure)
     after_restart = {s: v for s, v in attempt_2_losses(drill, job_id, done.attempts[1].nodes).items() if s > resumed}
-    extra = [o for o in COMPILED_JOB if o not in SMALL] + [f"checkpoint.dir={tmp_path / 'straight'}"]
-    straight = torchrun(extra, resume="none")
-    assert straight.returncode == 0, straight.output[-3000:]
-    assert after_restart == {s: v for s, v in straight.losses.items() if s > resumed}
+    assert after_restart == {s: v for s, v in straight_losses.items() if s > resumed}
     assert sorted(after_restart) == list(range(resumed + 1, SPARE_STEPS + 1))
     print(f"spare drill: {seconds:.1f} s from the node's loss to step {step}, the first resumed step "
           f"(resumed from local step {resumed}, 1 shard from its replica; {steps_lost} steps lost)")
@@ -126,7 +135,7 @@ def wait_for_local_step_20(drill, job_id: str, nodes: list[str]) -> None:
         time.sleep(0.02)
 
 
-def test_a_hung_node_with_compile_on_is_aborted_around_and_resumed_on_the_spare(drills, tmp_path):
+def test_a_hung_node_with_compile_on_is_aborted_around_and_resumed_on_the_spare(drills, straight_losses):
     drill = drills(spare_nodes=1)
     submitted = drill.clusterctl("submit", "--config", "training/configs/tiny-cpu.toml", "--max-restarts", "0",
                                  *(f"--set={o}" for o in COMPILED_JOB))
@@ -134,6 +143,7 @@ def test_a_hung_node_with_compile_on_is_aborted_around_and_resumed_on_the_spare(
     job_id = submitted.out.splitlines()[0]
     first = drill.record(job_id).attempts[0]
     (spare,) = set(drill.cluster.instance_ids()) - set(first.nodes)
+    spare_inductor = drill.cluster.empty_inductor_dir(spare)
     drill.wait_for_step(job_id, 1)
     assert drill.event(scheduled_event())["state"] == "running"
     wait_for_local_step_20(drill, job_id, first.nodes)
@@ -179,15 +189,12 @@ def test_a_hung_node_with_compile_on_is_aborted_around_and_resumed_on_the_spare(
     spare_log = attempt_part("", drill.cluster.nodes[spare].job_log(job_id), 2)[1]
     (spare_resume,) = [json.loads(line) for line in spare_log.splitlines() if line.startswith('{"event": "resume"')]
     assert spare_resume["compile_cache"] == "snapshot", spare_resume
-    (marker,) = (drill.cluster.nodes[spare].root / "tmp").glob("torchinductor-*/.restored-*")  # its own directory
+    (marker,) = spare_inductor.glob(".restored-*")  # in its own directory, empty before
     assert manifest["sha256"].startswith(marker.name.removeprefix(".restored-")), marker
     # a measurement, not an assertion (a loaded machine must not fail the suite): docs/operations.md records it
     print("hung-node drill timeline: " + json.dumps({**timeline, "hang_to_first_step_s": round(seconds, 1),
                                                      "budget_s": HUNG_NODE_BUDGET_S, "steps_lost": steps_lost}))
 
     after_restart = {s: v for s, v in attempt_2_losses(drill, job_id, done.attempts[1].nodes).items() if s > resumed}
-    extra = [o for o in COMPILED_JOB if o not in SMALL] + [f"checkpoint.dir={tmp_path / 'straight'}"]
-    straight = torchrun(extra, resume="none")
-    assert straight.returncode == 0, straight.output[-3000:]
-    assert after_restart == {s: v for s, v in straight.losses.items() if s > resumed}
+    assert after_restart == {s: v for s, v in straight_losses.items() if s > resumed}
     assert sorted(after_restart) == list(range(resumed + 1, SPARE_STEPS + 1))
