@@ -111,6 +111,7 @@ def render_node_config(
             "rendezvousPort": RENDEZVOUS_PORT,
             "jobHangTimeoutSeconds": health.job_hang_timeout_minutes * 60,
             "jobStartTimeoutSeconds": health.job_start_timeout_minutes * 60,
+            "jobHangFloorSeconds": health.job_hang_floor_seconds,
         },
         "bootstrap": {
             "deadlineSeconds": bootstrap.timeout_seconds,

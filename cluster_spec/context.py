@@ -93,6 +93,7 @@ SETTING_KEYS = (
     "protectedModeWindowMinutes",
     "healthCheckIntervalSeconds",
     "jobHangTimeoutMinutes",
+    "jobHangFloorSeconds",
     "jobStartTimeoutMinutes",
     "maxJobRestarts",
     "tags",
@@ -349,8 +350,14 @@ def _health_settings(context: Callable[[str], Any]) -> HealthSettings:
         raise invalid("jobStartTimeoutMinutes", start,
                       f"must be >= jobHangTimeoutMinutes={hang}: the first step (compile, checkpoint load) is the "
                       "slowest")
+    floor = integer("jobHangFloorSeconds", context("jobHangFloorSeconds"), minimum=10, maximum=86400)
+    if hang and floor > hang * 60:
+        raise invalid("jobHangFloorSeconds", floor,
+                      f"must be <= jobHangTimeoutMinutes={hang} ({hang * 60} s): the floor of a hang timeout "
+                      "learned from the step cadence, whose upper bound that is")
     return HealthSettings(
-        check_interval_seconds=interval, job_hang_timeout_minutes=hang, job_start_timeout_minutes=start
+        check_interval_seconds=interval, job_hang_timeout_minutes=hang, job_start_timeout_minutes=start,
+        job_hang_floor_seconds=floor,
     )
 
 

@@ -145,6 +145,8 @@ class HealthSettings:
     check_interval_seconds: int  # the node health monitor runs a round this often; 0: the monitor is off
     job_hang_timeout_minutes: int  # no trainer step for this long: the job is stopped as hung; 0: off
     job_start_timeout_minutes: int  # the same for the first step after a start or a restart (compile, load)
+    # the least a hang timeout learned from the step cadence (5 x the slowest interval) can be
+    job_hang_floor_seconds: int = 120
 
     @property
     def monitor_enabled(self) -> bool:

@@ -35,6 +35,9 @@ def test_health_monitor_and_hang_detection_defaults_and_off():
     assert health.monitor_enabled
     off = build_settings(healthCheckIntervalSeconds="0", jobHangTimeoutMinutes="0").health
     assert not off.monitor_enabled and off.job_hang_timeout_minutes == 0
+    assert health.job_hang_floor_seconds == 120
+    # with detection off the floor bounds nothing: any floor in range is accepted
+    assert build_settings(jobHangTimeoutMinutes="0", jobHangFloorSeconds="600").health.job_hang_floor_seconds == 600
 
 
 def test_job_keeper_restarts_default_and_range():
@@ -205,6 +208,11 @@ BAD_SETTINGS = [
     (
         {"jobHangTimeoutMinutes": "45", "jobStartTimeoutMinutes": "30"},
         "jobStartTimeoutMinutes=30: must be >= jobHangTimeoutMinutes=45",
+    ),
+    ({"jobHangFloorSeconds": "5"}, "jobHangFloorSeconds=5: must be an integer >= 10 and <= 86400"),
+    (
+        {"jobHangTimeoutMinutes": "1", "jobHangFloorSeconds": "120"},
+        "jobHangFloorSeconds=120: must be <= jobHangTimeoutMinutes=1 (60 s)",
     ),
     ({"maxJobRestarts": "101"}, "maxJobRestarts=101: must be an integer >= 0 and <= 100"),
     ({"maxJobRestarts": "-1"}, "maxJobRestarts=-1: must be an integer >= 0 and <= 100"),
