@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +50,7 @@ class Run:
 
     @property
     def grad_norms(self) -> dict[int, float]:
-        return {s["step"]: s["grad_norm"] for s in self.steps}
+        return {s["step"]: s["grad_norm"] for s in self.steps if "loss" in s}  # rank 0's, as losses
 
 
 TRAINING = ("-m", "training")  # what torchrun starts on each rank; a script path works too
@@ -130,31 +131,78 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_as_nodes(per_node: list[list[str]], *, resume: str = "auto") -> Run:
-    """``python -m training`` as a job of one rank per "node", node K with the overrides ``per_node[K]`` after
-    SMALL: the layout of a multi-node job, where each node has its own checkpoint.local_dir. The ranks get the
-    environment torchrun gives a worker (RANK, LOCAL_RANK 0, WORLD_SIZE, LOCAL_WORLD_SIZE 1, the store's
-    MASTER_ADDR and MASTER_PORT) without torchrun's agent processes, which would only add a torch import each.
-    Their outputs are joined, rank 0's first."""
+def _start_nodes(per_node: list[list[str]], resume: str, entry: tuple[str, ...], stdout) -> list[subprocess.Popen]:
+    """One process of ``entry`` per "node" (see run_as_nodes); ``stdout(rank)``: where rank's output goes."""
     port = free_port()
     procs = []
     for rank, overrides in enumerate(per_node):
-        cmd = [sys.executable, *TRAINING, "--resume", resume]
+        cmd = [sys.executable, *entry, "--resume", resume]
         for override in SMALL + overrides:
             cmd += ["--set", override]
         worker_env = {**env(), "RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(len(per_node)),
                       "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        procs.append(subprocess.Popen(cmd, cwd=REPO, env=worker_env, text=True, stdout=subprocess.PIPE,
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=worker_env, text=True, stdout=stdout(rank),
                                       stderr=subprocess.STDOUT))
-    outputs, codes = [], []
-    try:
-        for proc in procs:
-            out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
-            outputs.append(out)
-            codes.append(proc.returncode)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    return procs
+
+
+def _kill_left(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def run_as_nodes(per_node: list[list[str]], *, resume: str = "auto", entry: tuple[str, ...] = TRAINING) -> Run:
+    """``python -m training`` (or ``entry``) as a job of one rank per "node", node K with the overrides
+    ``per_node[K]`` after SMALL: the layout of a multi-node job, where each node has its own
+    checkpoint.local_dir. The ranks get the environment torchrun gives a worker (RANK, LOCAL_RANK 0, WORLD_SIZE,
+    LOCAL_WORLD_SIZE 1, the store's MASTER_ADDR and MASTER_PORT) without torchrun's agent processes, which would
+    only add a torch import each. Their outputs are joined, rank 0's first; each goes to a file, so that no
+    rank blocks on a full pipe while the others wait for it in a collective."""
+    with tempfile.TemporaryDirectory() as tmp:
+        files = [open(Path(tmp) / f"rank{rank}.log", "w+") for rank in range(len(per_node))]
+        procs: list[subprocess.Popen] = []
+        try:
+            procs = _start_nodes(per_node, resume, entry, lambda rank: files[rank])
+            codes = [proc.wait(timeout=RUN_TIMEOUT_S) for proc in procs]
+            outputs = []
+            for f in files:
+                f.seek(0)
+                outputs.append(f.read())
+        finally:
+            _kill_left(procs)
+            for f in files:
+                f.close()
     return Run(max(codes, key=abs), "".join(outputs))
+
+
+def run_as_nodes_and_signal(per_node: list[list[str]], *, sig: int, after_step: int, resume: str = "auto",
+                            entry: tuple[str, ...] = TRAINING) -> Run:
+    """run_as_nodes, and ``sig`` to rank 1 once rank 0 has logged ``after_step`` (torchrun_and_signal without
+    the agent). The other ranks write to files, so that no pipe fills while rank 0's is read."""
+    with tempfile.TemporaryDirectory() as tmp:
+        files = [open(Path(tmp) / f"rank{rank}.log", "w+") for rank in range(1, len(per_node))]
+        lines: list[str] = []
+        procs: list[subprocess.Popen] = []
+        try:
+            procs = _start_nodes(per_node, resume, entry, lambda k: subprocess.PIPE if k == 0 else files[k - 1])
+            assert procs[0].stdout is not None
+            deadline = time.monotonic() + RUN_TIMEOUT_S
+            for line in procs[0].stdout:
+                lines.append(line)
+                if line.startswith('{"event": "step"') and json.loads(line)["step"] >= after_step:
+                    procs[1].send_signal(sig)
+                    break
+                assert time.monotonic() < deadline, "".join(lines)
+            rest, _ = procs[0].communicate(timeout=RUN_TIMEOUT_S)
+            lines.append(rest)
+            codes = [procs[0].returncode] + [proc.wait(timeout=RUN_TIMEOUT_S) for proc in procs[1:]]
+            for f in files:
+                f.seek(0)
+                lines.append(f.read())
+        finally:
+            _kill_left(procs)
+            for f in files:
+                f.close()
+    return Run(max(codes, key=abs), "".join(lines))

@@ -23,6 +23,8 @@ from node_bootstrap.jobs.progress import HANG_FACTOR, MIN_INTERVALS, RESTART_MAR
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN_NODE_CONFIG = Path(__file__).parents[1] / "cluster_constructs" / "golden" / "node-config.json"
 HANG_S, START_S = 2, 5
+# the start timeout of the tests whose stand-in never steps: nothing they check needs the slow-start margin
+QUICK_START_S = 1
 GRACE_S = 11  # start --stop-grace-seconds: the least it allows (torchrun's exit takes 10 s of the budget)
 
 TRAINER = """\
@@ -52,7 +54,7 @@ elif mode == "exit":
     print("[rank0]: RuntimeError: something went wrong", flush=True)
     sys.exit(3)
 elif mode == "stepping":
-    for n in range(4, 24):  # 5 s of steps, more than twice the hang timeout
+    for n in range(4, 16):  # 3 s of steps, longer than the hang timeout
         time.sleep(0.25)
         step(n)
     sys.exit(0)
@@ -112,11 +114,11 @@ def write_user_database(root: Path) -> None:
 
 
 class Node:
-    def __init__(self, root: Path, mode: str, *, hang_s=HANG_S, module="training", floor_s=None):
+    def __init__(self, root: Path, mode: str, *, hang_s=HANG_S, start_s=START_S, module="training", floor_s=None):
         self.root = root
         self.module = module
         config = json.loads(GOLDEN_NODE_CONFIG.read_text())
-        config["training"].update(jobHangTimeoutSeconds=hang_s, jobStartTimeoutSeconds=START_S)
+        config["training"].update(jobHangTimeoutSeconds=hang_s, jobStartTimeoutSeconds=start_s)
         if floor_s is not None:
             config["training"]["jobHangFloorSeconds"] = floor_s
         (root / "etc/cluster").mkdir(parents=True)
@@ -230,28 +232,28 @@ def test_a_torchrun_restart_gets_the_start_timeout_again(node):
 
 
 def test_no_step_at_all_is_hung_after_the_start_timeout(node):
-    n = node("silent")
+    n = node("silent", start_s=QUICK_START_S)
     job = n.start()
-    status = n.wait_end(job, START_S + GRACE_S + 15)
+    status = n.wait_end(job, QUICK_START_S + GRACE_S + 15)
     assert status["state"] == "hung"
-    assert status["error"] == (f"hung: no trainer step for {START_S} s (the start timeout, jobStartTimeoutSeconds), "
-                               "waiting for the first step (no step seen)")
+    assert status["error"] == (f"hung: no trainer step for {QUICK_START_S} s (the start timeout, "
+                               "jobStartTimeoutSeconds), waiting for the first step (no step seen)")
     assert status["lastStepSeen"] is None
 
 
 def test_a_hang_timeout_of_zero_turns_detection_off(node):
-    n = node("silent", hang_s=0)
+    n = node("silent", hang_s=0, start_s=QUICK_START_S)
     job = n.start()
-    time.sleep(START_S + 1)
+    time.sleep(QUICK_START_S + 1.5)  # a watched job would be hung (and its stand-in gone) by now
     assert n.status(job)["state"] == "running"
     result = n.cli("cancel", "--job-id", job, "--timeout-seconds", "5")
     assert json.loads(result.stdout)["state"] == "cancelled"
 
 
 def test_a_commcheck_is_not_watched_for_trainer_steps(node):
-    n = node("silent", module="training.commcheck")
+    n = node("silent", module="training.commcheck", start_s=QUICK_START_S)
     job = n.start()
-    time.sleep(START_S + 1)
+    time.sleep(QUICK_START_S + 1.5)  # a watched job would be hung (and its stand-in gone) by now
     assert n.status(job)["state"] == "running"
     n.cli("cancel", "--job-id", job, "--timeout-seconds", "5")
 

@@ -1,5 +1,7 @@
-"""Acceptance for FP8 resume: real ``torchrun --nproc_per_node=2`` runs on the CPU (gloo, FSDP2, torchao in
-emulate mode), for each torchao recipe and FP8 all-gather setting.
+"""Acceptance for FP8 resume: real 2-rank runs on the CPU (gloo, FSDP2, torchao in emulate mode), for each
+torchao recipe and FP8 all-gather setting. The ranks are started as torchrun's workers but without its agent
+(torchrun_support.run_as_nodes), which would only add a torch import to every start: torchrun itself is
+test_torchrun.py's.
 
 One chain of three runs per recipe: a straight run with asynchronous periodic checkpoints; a run resumed from
 one of those asynchronous checkpoints and stopped by SIGTERM (which saves a blocking checkpoint); a run
@@ -7,8 +9,8 @@ resumed from the SIGTERM checkpoint to the end. Losses, gradient norms and every
 must be bit-identical with the straight run. And a non-finite value planted in a staged copy must fail the
 save loudly and leave no complete checkpoint.
 
-Every torchrun start costs seconds on the 2-core CI machine, so the runs are module-scoped fixtures and the
-model is the tiny one (test_torchrun.py's SMALL shapes) for 12 steps."""
+Every start costs seconds on the 2-core CI machine, so the runs are module-scoped fixtures and the model is
+the tiny one (test_torchrun.py's SMALL shapes) for 12 steps."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from torchrun_support import Run, complete_steps, load_checkpoint, torchrun, torchrun_and_signal
+from torchrun_support import Run, complete_steps, load_checkpoint, run_as_nodes, run_as_nodes_and_signal
 
 from training.checkpoint.state import iter_leaves
 
@@ -42,6 +44,10 @@ PERIODIC = ["checkpoint.interval_steps=3", "checkpoint.keep_last=10", "checkpoin
 SIGNAL_AFTER_STEP = 5
 
 
+def two_ranks(overrides: list[str], **kwargs) -> Run:
+    return run_as_nodes([overrides, overrides], **kwargs)
+
+
 @dataclass
 class ResumeChain:
     straight: Run  # STEPS steps, asynchronous saves at 3, 6, 9 and a blocking final save at 12
@@ -57,19 +63,18 @@ def chain(request, tmp_path_factory) -> ResumeChain:
     pytest.importorskip("torchao")
     recipe = FP8 + RECIPES[request.param] + SCHEDULE
     straight_root = tmp_path_factory.mktemp(f"straight-{request.param}")
-    straight = torchrun(recipe + PERIODIC + [f"run.steps={STEPS}", f"checkpoint.dir={straight_root}"],
-                        resume="none")
+    straight = two_ranks(recipe + PERIODIC + [f"run.steps={STEPS}", f"checkpoint.dir={straight_root}"],
+                         resume="none")
     root = tmp_path_factory.mktemp(f"resumed-{request.param}")
     if (straight_root / "step-3").is_dir():
         shutil.copytree(straight_root / "step-3", root / "step-3")
     # no periodic saves: the checkpoint this run leaves is the blocking one SIGTERM causes
-    stopped = torchrun_and_signal(
-        recipe + ["run.steps=100000", "checkpoint.interval_steps=0", f"checkpoint.dir={root}"],
-        sig=signal.SIGTERM, after_step=SIGNAL_AFTER_STEP,
-    )
+    stopped_overrides = recipe + ["run.steps=100000", "checkpoint.interval_steps=0", f"checkpoint.dir={root}"]
+    stopped = run_as_nodes_and_signal([stopped_overrides, stopped_overrides], sig=signal.SIGTERM,
+                                      after_step=SIGNAL_AFTER_STEP)
     saved = complete_steps(root)
     sigterm_step = saved[-1] if saved else 0
-    finished = torchrun(recipe + PERIODIC + [f"run.steps={STEPS}", f"checkpoint.dir={root}"], resume="auto")
+    finished = two_ranks(recipe + PERIODIC + [f"run.steps={STEPS}", f"checkpoint.dir={root}"], resume="auto")
     return ResumeChain(straight, straight_root, stopped, sigterm_step, finished, root)
 
 
@@ -149,9 +154,9 @@ def test_a_planted_non_finite_staged_tensor_fails_the_save_loudly_and_leaves_no_
     script = tmp_path / "plant.py"
     script.write_text(PLANT)
     root = tmp_path / "checkpoints"
-    run = torchrun(FP8 + RECIPES["tensorwise-fp8-all-gather"]
-                   + ["run.steps=6", "checkpoint.interval_steps=3", f"checkpoint.dir={root}"],
-                   resume="none", entry=(str(script),))
+    run = two_ranks(FP8 + RECIPES["tensorwise-fp8-all-gather"]
+                    + ["run.steps=6", "checkpoint.interval_steps=3", f"checkpoint.dir={root}"],
+                    resume="none", entry=(str(script),))
     assert run.returncode != 0, run.output
     failure = (r"ERROR training\.checkpoint: checkpoint step 3 failed and is not complete \(.*step-3\): rank 1: "
                r"CheckpointVerificationError: .*model\.layers\.0\.attention\.wq\.weight: non-finite values")

@@ -1,7 +1,9 @@
-"""The held-out loss on real ``torchrun --nproc_per_node=2`` runs (gloo, FSDP2, the tiny model, synthetic
-training data, held-out byte shards): the same value on every rank and for the same weights in every run, and
-training exactly as without it, straight and across a resume, in bf16 and with torchao's FP8 (emulated). Five
-starts, shared by the assertions, and one single-process start that a bad held-out directory stops.
+"""The held-out loss on real 2-rank runs (gloo, FSDP2, the tiny model, synthetic training data, held-out byte
+shards): the same value on every rank and for the same weights in every run, and training exactly as without
+it, straight and across a resume, in bf16 and with torchao's FP8 (emulated). Five starts, shared by the
+assertions, and one single-process start that a bad held-out directory stops. The ranks are started as
+torchrun's workers but without its agent (torchrun_support.run_as_nodes), which would only add a torch import
+to every start: torchrun itself is test_torchrun.py's.
 
 In bf16 one split run serves as both baselines: its first part trains without validation (the straight run's
 steps 1-3 must equal it although the straight run evaluated after step 2), its second part resumes with
@@ -18,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from torchrun_support import REPO, Run, env, load_checkpoint, torchrun
+from torchrun_support import REPO, Run, env, load_checkpoint, run_as_nodes
 
 from training.checkpoint.state import iter_leaves
 from training.shards import ShardWriter
@@ -41,6 +43,10 @@ sys.exit(main())
 EVALUATED = re.compile(r"\[rank (\d)\] INFO training\.validation: validation after step (\d+): loss (\S+),")
 
 
+def two_ranks(overrides: list[str], **kwargs) -> Run:
+    return run_as_nodes([overrides, overrides], **kwargs)
+
+
 @pytest.fixture(scope="module")
 def validation_on(tmp_path_factory) -> list[str]:
     """The [validation] overrides, on held-out byte shards: 6 x 401 tokens, 75 windows of 33, of which 2
@@ -61,7 +67,7 @@ def runs(tmp_path_factory, validation_on) -> dict[str, tuple[Run, Path]]:
 
     def start(name: str, overrides: list[str], resume: str = "none") -> tuple[Run, Path]:
         directory = root / name
-        run = torchrun(COMMON + overrides + [f"checkpoint.dir={directory}"], resume=resume, entry=(str(entry),))
+        run = two_ranks(COMMON + overrides + [f"checkpoint.dir={directory}"], resume=resume, entry=(str(entry),))
         assert run.returncode == 0, run.output
         return run, directory
 
@@ -83,7 +89,7 @@ def fp8_runs(tmp_path_factory, validation_on) -> dict[str, tuple[Run, Path]]:
            "fp8.fsdp_float8_all_gather=true", "run.steps=5"]
     started = {}
     for name, extra in (("off", []), ("on", validation_on)):
-        run = torchrun(COMMON + fp8 + extra + [f"checkpoint.dir={root / name}"], resume="none")
+        run = two_ranks(COMMON + fp8 + extra + [f"checkpoint.dir={root / name}"], resume="none")
         assert run.returncode == 0, run.output
         started[name] = (run, root / name)
     return started
