@@ -135,7 +135,10 @@ def test_a_cancel_while_restarting_is_not_undone(drill):
     assert lines[0] == (f"job {job_id}: recorded as cancelled (it will not be restarted); stopping attempt 1 on "
                         "its 2 nodes"), cancelled.out
     assert any(line.startswith(lost) and "gone (replaced)" in line for line in lines), cancelled.out
-    assert lines[-1] == "attempt 1's nodes: cancelled (2 nodes, 1 gone (replaced))", cancelled.out
+    # the survivor: aborted by the keeper, or failed on its own when its collective lost the killed peer first
+    # (which comes first depends on the machine's load): stopped either way
+    assert lines[-1] in ("attempt 1's nodes: cancelled (2 nodes, 1 gone (replaced))",
+                         "attempt 1's nodes: failed (2 nodes, 1 gone (replaced))"), cancelled.out
     marked = drill.record(job_id)
     assert (marked.state, marked.cancel_requested_by) == ("cancelled", "clusterctl cancel"), marked
     drill.cluster.boot(replacement)  # now the group is whole again
