@@ -161,9 +161,10 @@ def _not_used(path: Path, why: str) -> bool:
 
 
 def _kept(relative: PurePosixPath) -> bool:
-    """What a snapshot holds: Inductor's entries, not its locks, temporary files or this module's markers."""
-    return (relative.parts[0] != "locks" and not any(part.startswith(".") for part in relative.parts)
-            and relative.suffix not in (".tmp", ".lock"))
+    """What a snapshot holds: Inductor's entries, not its locks, temporary files (Inductor's ".<name>.<pid>.tmp",
+    Triton's "tmp.pid_<pid>_<id>/" directories) or this module's markers."""
+    return (relative.parts[0] != "locks" and relative.suffix not in (".tmp", ".lock")
+            and not any(part.startswith((".", "tmp.pid_")) for part in relative.parts))
 
 
 def _snapshot(local_dir: Path) -> tuple[bytes, int]:

@@ -198,6 +198,8 @@ def test_a_new_snapshot_replaces_the_old_one_and_an_unwritable_directory_is_a_wa
     (cache.local_dir / "locks").mkdir()
     (cache.local_dir / "locks/x.lock").write_text("")
     (cache.local_dir / "ab/.one.py.123.tmp").write_text("half")
+    (cache.local_dir / "triton/0/tmp.pid_123_456").mkdir(parents=True)
+    (cache.local_dir / "triton/0/tmp.pid_123_456/kernel.cubin").write_text("half")
     assert save_compile_cache(cache)
     first = json.loads(cache.manifest.read_text())["tar"]
     (cache.local_dir / "ab/two.py").write_text("2\n")
@@ -206,7 +208,7 @@ def test_a_new_snapshot_replaces_the_old_one_and_an_unwritable_directory_is_a_wa
     assert second["files"] == 2 and second["tar"] != first
     assert sorted(p.name for p in cache.shared_dir.iterdir()) == sorted([MANIFEST, second["tar"]])
     with tarfile.open(cache.shared_dir / second["tar"]) as tar:
-        assert sorted(tar.getnames()) == ["ab/one.py", "ab/two.py"]  # no locks, no temporary files
+        assert sorted(tar.getnames()) == ["ab/one.py", "ab/two.py"]  # no locks, no temporary files (Triton's too)
 
     blocked = CompileCache(local_dir=cache.local_dir, shared_dir=tmp_path / "a-file" / "key")
     (tmp_path / "a-file").write_text("")
