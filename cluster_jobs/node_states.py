@@ -34,6 +34,8 @@ class NodeJobState:
     attempt: int | None = None  # the job keeper's attempt number the node runs (1 before any restart)
     resumed_from_step: int | None = None  # the checkpoint step the trainer resumed from (0: fresh)
     resumed_from_tier: str | None = None  # its tier: "local" or "durable"; None: fresh, or not reported
+    # with torch.compile, where this node's compile started: "snapshot" (warm, the job's compile cache) or "cold"
+    compile_cache: str | None = None
     # the newest held-out loss ([validation]) rank 0 logged on this node, and the step it was evaluated after
     last_val_loss: float | None = None
     last_val_step: int | None = None
@@ -62,6 +64,7 @@ class NodeJobState:
                 attempt=payload.get("attempt"),
                 resumed_from_step=payload.get("resumedFromStep"),
                 resumed_from_tier=payload.get("resumedFromTier"),
+                compile_cache=_compile_cache(payload.get("compileCache")),
                 last_val_loss=payload.get("lastValLoss"),
                 last_val_step=payload.get("lastValStep"),
                 phases=payload.get("phases") if isinstance(payload.get("phases"), dict) else None,
@@ -123,3 +126,8 @@ def nodes_on_tcp(states: Sequence[NodeJobState]) -> list[str]:
     if len(job_nodes) < 2:
         return []
     return [s.instance_id for s in job_nodes if s.nccl_over_tcp]
+
+
+def _compile_cache(value: object) -> str | None:
+    """A node's compile-cache state as the contract names it; anything else (an older node: none) is unknown."""
+    return value if isinstance(value, str) and value in job_contract.COMPILE_CACHE_STATES else None

@@ -115,6 +115,7 @@ def node_report(state: NodeJobState) -> NodeReport:
         started_at=state.started_at,
         ended_at=state.ended_at,
         detail=state.detail,
+        compile_cache=state.compile_cache,
     )
 
 

@@ -56,6 +56,7 @@ class NodeReport:
     started_at: str | None = None
     ended_at: str | None = None
     detail: str | None = None
+    compile_cache: str | None = None  # with torch.compile: "snapshot" (a warm compile) or "cold"; None: unknown
 
 
 @dataclass

@@ -8,7 +8,8 @@ The phases, in their order on the path:
 - of the next attempt, from its nodes (the latest node of each phase: a phase is done when every node is past
   it): `started` (the node's supervisor began), `rendezvous_done` (the trainer's process group was up),
   `checkpoint_loaded` (its resume line; Attempt.resumed_from_tier says which tier), `compiled` (the first
-  forward and backward, where torch.compile compiles), `first_step`.
+  forward and backward, where torch.compile compiles; each node's report says whether it compiled warm from
+  the job's compile-cache snapshot), `first_step`.
 
 Times are UTC to the millisecond ("2026-11-27T04:01:02.345Z"): each from its own machine's clock.
 """
@@ -70,8 +71,11 @@ def restart_seconds(record: JobRecord, number: int) -> dict[str, object] | None:
             when = parse_phase(attempt.timeline.get(phase, ""))
             if when is not None:
                 seconds[phase] = round((when - fault).total_seconds(), 3)
+    # with torch.compile: how many of the next attempt's nodes compiled warm from the job's snapshot
+    compiled = [r.compile_cache for r in following.node_reports if r.compile_cache]
     return {"attempt": following.number, "fault": ended.end_reason, "fault_seen_by": ended.fault_seen_by,
             "tier": following.resumed_from_tier, "resumed_from_step": following.resumed_from_step,
+            "compile_cache": {"snapshot": compiled.count("snapshot"), "nodes": len(compiled)} if compiled else None,
             "seconds_from_fault": seconds}
 
 
@@ -90,6 +94,8 @@ def timeline_lines(record: JobRecord) -> list[str]:
                 name = phase.replace("_", " ")
                 if phase == "checkpoint_loaded" and restart["tier"]:
                     name += f" ({restart['tier']})"
+                if phase == "compiled" and isinstance(restart["compile_cache"], dict):
+                    name += " (warm on {snapshot} of {nodes} nodes)".format(**restart["compile_cache"])
                 cells.append(f"{name} +{seconds[phase]:.1f} s")
         by = f" by {restart['fault_seen_by']}" if restart["fault_seen_by"] else ""
         lines.append(f"restart {number} -> {number + 1}: fault seen{by}; " + (", ".join(cells) or "no phase yet"))

@@ -359,7 +359,7 @@ class Keeper:
         attempt = record.current
         assert attempt is not None
         reports = [NodeReport(s.instance_id, s.state, s.exit_code, s.last_step, s.started_at, s.ended_at,
-                              s.detail) for s in states]
+                              s.detail, s.compile_cache) for s in states]
         steps = [s.last_step for s in states if isinstance(s.last_step, int)]
         reached = max([*steps, attempt.step_reached or 0]) if steps or attempt.step_reached else None
         resumed = next((s for s in states if s.resumed_from_step is not None), None)

@@ -22,6 +22,9 @@ EXIT_NOT_FOUND = 3  # no such job on this node
 # A job's state on a node (status.json "state"). hung: the supervisor stopped a job whose trainer logged no
 # step for the hang timeout (node_bootstrap/jobs/progress.py).
 STATES = ("running", "succeeded", "failed", "cancelled", "hung")
+# The trainer's resume line with torch.compile (training/metrics.py log_resume, training/compile_cache.py): the
+# node's Inductor directory held the job's compile-cache snapshot before the first compile, or there was none.
+COMPILE_CACHE_STATES = ("snapshot", "cold")
 # A job's files in <jobsDir>/<job id>/ on a node.
 STATUS_FILE = "status.json"
 # Written next to the status by whoever stops a job for a reason of its own (the node health monitor, before

@@ -202,6 +202,7 @@ def job_status(settings: JobSettings, job_id: str) -> dict[str, object]:
     result["resumedFromStep"] = resumed if resumed is not None else status.get("resumedFromStep")
     result["resumedFromTier"] = (find_resumed_from_tier(ends.tail) if resumed is not None and ends
                                  else status.get("resumedFromTier"))
+    result["compileCache"] = status.get("compileCache")  # recorded by the supervisor from the resume line
     result["lastStep"] = step.get("step") if step else None
     result["lastLoss"] = step.get("loss") if step else None
     # the newest held-out loss while its step line is in the log's tail (LOG_TAIL_BYTES); None without one

@@ -250,6 +250,8 @@ class Supervisor:
         if event["event"] == "resume":
             self.status["resumedFromStep"] = event.get("step")
             self.status["resumedFromTier"] = event.get("tier")
+            # with torch.compile: "snapshot" (warm from the job's compile cache) or "cold" (training/compile_cache.py)
+            self.status["compileCache"] = event.get("compile_cache")
         phases = event.get("phases")
         if isinstance(phases, dict):  # the times the trainer took them: the restart timeline (cluster_jobs)
             recorded = self.status.setdefault("phases", {})

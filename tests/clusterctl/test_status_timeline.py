@@ -4,11 +4,15 @@ kept through the job table, and what `clusterctl status` shows of them (the text
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import json
 
 from job_record_fakes import JOB, NOW, TINY, job_id_time
 
 from cluster_jobs.node_states import NodeJobState
+from cluster_jobs.records import node_report
+from cluster_jobs.ssm_commands import Invocation
 from cluster_jobs.table import Attempt, JobRecord, _from_item, _to_item
 from cluster_jobs.timeline import phase_text, restart_seconds, with_node_phases
 from clusterctl.jobs.view import format_record, record_json
@@ -69,10 +73,31 @@ def test_status_shows_each_phase_in_seconds_from_the_fault_and_the_table_keeps_t
         "rendezvous done +4.0 s, checkpoint loaded (local) +5.7 s, compiled +8.8 s, first step +9.3 s")
     (restart,) = record_json(stored, NOW)["restarts"]
     assert restart == {"attempt": 2, "fault": FAULT, "fault_seen_by": BY, "tier": "local",
-                       "resumed_from_step": 20,
+                       "resumed_from_step": 20, "compile_cache": None,  # no node reported one (no compile)
                        "seconds_from_fault": {"fault_seen": 0.0, "ended": 0.0, "survivors_stopped": 0.75,
                                               "started": 1.85, "rendezvous_done": 3.95, "checkpoint_loaded": 5.65,
                                               "compiled": 8.75, "first_step": 9.3}}
+
+
+def answer(instance_id: str, compile_cache: object) -> NodeJobState:
+    """A node's status answer for attempt 2, as the jobs document returns it."""
+    payload = {"jobId": JOB, "state": "running", "attempt": 2, "lastStep": 21, "compileCache": compile_cache,
+               "phases": {"compiled": "2026-11-20T23:20:09.000Z"}}
+    return NodeJobState.from_invocation(Invocation(instance_id, "Success", 0, json.dumps(payload), ""))
+
+
+def test_status_says_on_how_many_nodes_the_restart_compiled_warm_from_the_snapshot():
+    record = restarted_record()
+    states = [answer("i-0a", "cold"), answer("i-0c", "snapshot")]
+    assert [s.compile_cache for s in states] == ["cold", "snapshot"]
+    assert answer("i-0d", "lukewarm").compile_cache is None and answer("i-0d", None).compile_cache is None
+    record.attempts[1] = dataclasses.replace(with_node_phases(record.attempts[1], states),
+                                             node_reports=[node_report(s) for s in states])
+    stored = _from_item(_to_item(record))  # the job table keeps each node's report
+    assert [r.compile_cache for r in stored.attempts[1].node_reports] == ["cold", "snapshot"]
+    assert "compiled (warm on 1 of 2 nodes) +8.8 s" in format_record(stored).splitlines()[-1]
+    (restart,) = record_json(stored, NOW)["restarts"]
+    assert restart["compile_cache"] == {"snapshot": 1, "nodes": 2}
 
 
 def test_an_attempt_without_a_fault_has_no_restart_timeline():

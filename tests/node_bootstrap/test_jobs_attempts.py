@@ -189,7 +189,7 @@ def test_status_falls_back_to_the_recorded_resume_point_when_the_log_tail_has_no
     job_dir.mkdir(parents=True)
     (job_dir / "status.json").write_text(json.dumps(
         {"jobId": "j-long-1", "attempt": 2, "resumedFromStep": 1200, "resumedFromTier": "local",
-         "state": "succeeded", "exitCode": 0,
+         "compileCache": "snapshot", "state": "succeeded", "exitCode": 0,
          "pid": 1, "supervisorPid": 1}))
     (node.root / "var/log/cluster/jobs").mkdir(parents=True)
     (node.root / "var/log/cluster/jobs/j-long-1.log").write_text(
@@ -197,7 +197,7 @@ def test_status_falls_back_to_the_recorded_resume_point_when_the_log_tail_has_no
         + "".join(f'{{"event": "step", "step": {s}, "loss": 1.0}}\n' for s in range(1210, 1300, 10)))
     status = json.loads(node.cli("status", "--job-id", "j-long-1").stdout)
     assert (status["attempt"], status["resumedFromStep"], status["lastStep"]) == (2, 1200, 1290)
-    assert status["resumedFromTier"] == "local"
+    assert (status["resumedFromTier"], status["compileCache"]) == ("local", "snapshot")
 
 
 def test_status_reads_only_the_current_attempts_part_of_the_log(tmp_path):
