@@ -25,6 +25,9 @@ STATES = ("running", "succeeded", "failed", "cancelled", "hung")
 # The trainer's resume line with torch.compile (training/metrics.py log_resume, training/compile_cache.py): the
 # node's Inductor directory held the job's compile-cache snapshot before the first compile, or there was none.
 COMPILE_CACHE_STATES = ("snapshot", "cold")
+# What every rank of the trainer logs when it stopped at a stop request, its own SIGTERM's or another rank's,
+# after the checkpoint was saved (training/__main__.py).
+TRAINER_STOPPED_LINE = "stopped by SIGTERM after step"
 # A job's files in <jobsDir>/<job id>/ on a node.
 STATUS_FILE = "status.json"
 # Written next to the status by whoever stops a job for a reason of its own (the node health monitor, before

@@ -43,6 +43,10 @@ else:
     print("[rank0]:" + json.dumps({{"event": "resume", "step": resumed, "path": path}}), flush=True)
     for step in (10, 20):
         print(json.dumps({{"event": "step", "step": resumed + step, "loss": 3.0 - step / 10}}), flush=True)
+if mode == "peer-stop":  # another node's stop: the trainer saved and stopped, then torchrun's teardown failed
+    print("[rank1]:2026-11-27 07:43:51,318 [rank 1] WARNING training: stopped by SIGTERM after step 20 "
+          "(checkpoint saved)", flush=True)
+    sys.exit(int(os.environ["FAKE_EXIT_CODE"]))
 if mode == "exit":
     print("[rank0]: something went wrong", flush=True)
     sys.exit(int(os.environ["FAKE_EXIT_CODE"]))

@@ -23,6 +23,7 @@ import threading
 import time
 from typing import BinaryIO, Callable, Optional
 
+from node_bootstrap.job_contract import TRAINER_STOPPED_LINE
 from node_bootstrap.jobs.attempt_log import attempt_marker
 from node_bootstrap.jobs.control import descendants, find_last_event
 from node_bootstrap.jobs.errors import EXIT_FAILED, EXIT_NOT_FOUND, JobError
@@ -41,6 +42,7 @@ from node_bootstrap.jobs.spec import (
 
 _RESUME_HINT = b'"resume"'  # cheap test before a line is parsed as the trainer's resume line
 _PHASES_HINT = b'"phases"'  # the resume line and a start's first step line carry the trainer's restart phases
+_TRAINER_STOPPED = TRAINER_STOPPED_LINE.encode()
 
 
 def phase_time() -> str:
@@ -107,6 +109,7 @@ class Supervisor:
                                    floor_s=settings.hang_floor_s) if watched else None
         self.hung: Optional[str] = None  # why the job was declared hung
         self.abort: Optional[dict[str, object]] = None  # the stop request of an abort, once one came
+        self.trainer_stopped = False  # the trainer logged its checkpointed stop (a stop request, on any node)
         self._log_lock = threading.Lock()  # the output thread and the watchdog both write the job log
         self.attempt = int(spec.get("attempt", 1))  # type: ignore[call-overload]  # 1: a job.json before attempts
         self.status: dict[str, object] = {
@@ -234,6 +237,11 @@ class Supervisor:
                                 error="stopped by the {}: {}".format(request.get("by"), request.get("reason")))
         if self.terminate_requested:
             return self._finish("cancelled", exit_code, signal=signal_name)
+        if self.trainer_stopped and exit_code != 0:
+            # Another node's stop: the trainer saved with it and stopped, then torchrun's own teardown failed (its
+            # rendezvous store was on a node that had already left). The job was stopped, not broken.
+            return self._finish("cancelled", exit_code, signal=signal_name,
+                                error="stopped with a checkpoint at a stop request on another node")
         return self._finish("succeeded" if exit_code == 0 else "failed", exit_code, signal=signal_name)
 
     def _observe(self, line: bytes) -> None:
@@ -242,6 +250,8 @@ class Supervisor:
         printed once per start of the trainer, so on a long run it leaves the log tail that `status` reads)."""
         if self.watch is not None:
             self.watch.observe(line)
+        if _TRAINER_STOPPED in line:
+            self.trainer_stopped = True
         if _RESUME_HINT not in line and _PHASES_HINT not in line:
             return
         event = find_last_event(line.decode("utf-8", "replace"), ("resume", "step"))

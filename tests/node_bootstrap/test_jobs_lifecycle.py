@@ -62,6 +62,20 @@ def test_failed_job_records_its_exit_code(node_factory):
     assert "[rank0]: something went wrong" in log and "exit code 3" in log
 
 
+def test_a_trainer_stopped_by_another_nodes_stop_request_is_cancelled_not_failed(node_factory):
+    # the trainer's checkpointed stop, then a non-zero exit from torchrun's teardown (its rendezvous store left
+    # with the node that was stopped first): the job was stopped, so the node says cancelled, with the exit code
+    node = node_factory("peer-stop", exit_code=1)
+    node.start("j-peer-1", check=False)
+    final = node.wait_state("j-peer-1", "cancelled")
+    assert (final["exitCode"], final["error"]) == (1, "stopped with a checkpoint at a stop request on another node")
+    # the same exit without the trainer's stop line is a failure (test_failed_job_records_its_exit_code), and
+    # with exit 0 the stopped trainer's node succeeded as before
+    node.write_env("peer-stop", 0)
+    node.start("j-peer-2", check=False)
+    assert node.wait_state("j-peer-2", "succeeded")["exitCode"] == 0
+
+
 def test_successful_job_and_status_file_contract(node_factory):
     node = node_factory("exit", exit_code=0)
     node.start("j-ok-1", check=False)

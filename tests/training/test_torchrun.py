@@ -15,6 +15,7 @@ import pytest
 import torch
 from torchrun_support import Run, complete_steps, load_checkpoint, torchrun, torchrun_and_signal
 
+from node_bootstrap.job_contract import TRAINER_STOPPED_LINE
 from training.checkpoint.state import iter_leaves
 
 pytestmark = pytest.mark.slow
@@ -209,6 +210,8 @@ def test_sigterm_on_one_rank_saves_a_complete_checkpoint_and_exits_0(faults):
     # both ranks agreed at the boundary after the last logged step, saved it, and stopped
     assert faults.sigterm_step == faults.stopped.steps[-1]["step"] >= 3
     assert "stopped by SIGTERM" in faults.stopped.output
+    # on every rank: the line a node's supervisor reads as a checkpointed stop (node_bootstrap/job_contract.py)
+    assert faults.stopped.output.count(f"{TRAINER_STOPPED_LINE} {faults.sigterm_step} (checkpoint saved)") == 2
 
 
 def test_resume_continues_from_the_sigterm_checkpoint(faults):
