@@ -43,6 +43,7 @@ from pathlib import Path, PurePosixPath
 import torch
 
 from training.config import TrainConfig
+from training.env_vars import env_var
 
 log = logging.getLogger(__name__)
 
@@ -88,15 +89,8 @@ def inductor_dir(cache: CompileCache | None) -> Iterator[None]:
     if cache is None:
         yield
         return
-    before = os.environ.get(INDUCTOR_ENV)
-    os.environ[INDUCTOR_ENV] = str(cache.local_dir)
-    try:
+    with env_var(INDUCTOR_ENV, str(cache.local_dir)):
         yield
-    finally:
-        if before is None:
-            os.environ.pop(INDUCTOR_ENV, None)
-        else:
-            os.environ[INDUCTOR_ENV] = before
 
 
 def restore_compile_cache(cache: CompileCache | None) -> bool:

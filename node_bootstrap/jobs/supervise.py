@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from typing import BinaryIO, Callable, Optional
 
 from node_bootstrap.job_contract import TRAINER_STOPPED_LINE
@@ -147,11 +148,7 @@ class Supervisor:
             return
         started = descendants(self.child.pid)
         self._forward(signal.SIGKILL)
-        for pid in started:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _sigkill(started)
 
     def _forward(self, signum: int) -> None:
         if self.child is not None and self.child.poll() is None:
@@ -310,11 +307,7 @@ class Supervisor:
         if child.poll() is None or alive:
             self._log_line(log, f"{utc_now()} still running {bound_s:g} s after SIGTERM: SIGKILL")
             self._forward(signal.SIGKILL)
-            for pid in alive:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            _sigkill(alive)
 
     def _tee(self, child: "subprocess.Popen[bytes]", log: BinaryIO,
              observe: Optional[Callable[[bytes], None]] = None) -> None:
@@ -332,6 +325,15 @@ class Supervisor:
                     out.flush()
                 except (OSError, ValueError):
                     out = None  # the journal or terminal went away; the log file still has it
+
+
+def _sigkill(pids: Iterable[int]) -> None:
+    """SIGKILL to each of `pids` that still exists (torchrun's workers: in sessions of their own)."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _running(pid: int) -> bool:

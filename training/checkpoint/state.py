@@ -28,7 +28,6 @@ Any other tensor subclass fails the save here, naming the entry, instead of bein
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -36,6 +35,8 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
+
+from training.env_vars import env_var
 
 EXTRA_STATE_SUFFIX = "._extra_state"  # nn.Module's key for get_extra_state/set_extra_state
 # Transformer Engine >= 2.17.1 refuses to unpickle delayed-scaling extra state unless this is "1"
@@ -74,7 +75,7 @@ def load_into(model: nn.Module, optimizer: torch.optim.Optimizer, state: State) 
     has_extra = any(
         k.endswith(EXTRA_STATE_SUFFIX) and isinstance(v, torch.Tensor) and v.numel() for k, v in model_sd.items()
     )
-    with _env(TE_UNSAFE_PICKLE_ENV, "1") if has_extra else contextlib.nullcontext():
+    with env_var(TE_UNSAFE_PICKLE_ENV, "1") if has_extra else contextlib.nullcontext():
         set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=state["optim"])
 
 
@@ -171,16 +172,3 @@ def _bytes_to_extra_state(value: Any, key: str) -> Any:
         return value
     # bytearray: torch.frombuffer needs a writable buffer to hand out a tensor without warnings
     return torch.frombuffer(bytearray(value), dtype=torch.uint8) if value else torch.empty(0, dtype=torch.uint8)
-
-
-@contextlib.contextmanager
-def _env(name: str, value: str) -> Iterator[None]:
-    before = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
