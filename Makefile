@@ -69,9 +69,11 @@ bootstrap: setup
 	npx --no-install cdk bootstrap --no-notices --no-version-reporting $(CDK_ARGS)
 
 # The suite runs on every core (pytest-xdist); --dist loadfile keeps each file's tests on one worker so a
-# module's shared fixtures (a synthesized stack, a fake cluster) are built once. `pytest` alone runs serially.
+# module's shared fixtures (a synthesized stack, a fake cluster) are built once, and --no-loadscope-reorder hands
+# out the files in conftest.py's order (the slow ones first) instead of by their number of tests, which put the
+# two-test drills last. `pytest` alone runs serially.
 test: setup lint
-	$(BIN)/python -m pytest -n auto --dist loadfile
+	$(BIN)/python -m pytest -n auto --dist loadfile --no-loadscope-reorder
 
 lint: setup
 	$(BIN)/ruff check .

@@ -155,9 +155,10 @@ def submit_argv(overrides: list[str]) -> list[str]:
 
 
 def make_drill(tmp_path: Path, *, capacity_mode: str = "on-demand", reservation_id: str = "",
-               max_job_restarts: int = 5, spare_nodes: int = 0, node_count: int = 2) -> Drill:
+               max_job_restarts: int = 5, spare_nodes: int = 0, node_count: int = 2,
+               machine_tmp: Path | None = None) -> Drill:
     cluster = LocalCluster(tmp_path / "cluster", node_count=node_count, capacity_mode=capacity_mode,
-                           max_job_restarts=max_job_restarts, spare_nodes=spare_nodes)
+                           max_job_restarts=max_job_restarts, spare_nodes=spare_nodes, machine_tmp=machine_tmp)
     context = AwsContext(boto3.Session(region_name=REGION))
     cluster.attach(context.client("ssm"))  # before clusterctl or the keeper sends anything
     settings = KeeperSettings(table_name=TABLE, document_name=DOCUMENT, group_name=GROUP,

@@ -29,7 +29,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,7 +55,6 @@ CHECKPOINT_BUCKET = "drillstack-checkpointbucket-1a2b3c"  # the stack output Che
 FSX_MOUNT = "/fsx"
 IMAGE_ID = "ami-12c6146b"
 COMMAND_TIMEOUT_S = 300
-SHARED_INDUCTOR_DIR = Path(tempfile.gettempdir()) / f"torchinductor-drills-{os.getuid()}"
 
 # Stands in for `python3` on the node's PATH: the document's script runs `python3 -m node_bootstrap.jobs ...`.
 NODE_PYTHON_SHIM = """\
@@ -165,6 +163,15 @@ class NodeRoot:
         return killed
 
 
+INDUCTOR_DIR_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def machine_env(machine_tmp: Path) -> dict[str, str]:
+    """What a job on the drills' machine gets: its temporary directory (where Inductor builds its C++
+    precompiled header, once per machine) and one Inductor directory in it for every job."""
+    return {"TMPDIR": str(machine_tmp), INDUCTOR_DIR_ENV: str(machine_tmp / "torchinductor-drills")}
+
+
 @dataclass
 class LocalCluster:
     """The moto resources and the node roots; `attach(client)` makes an SSM client run commands here."""
@@ -175,6 +182,11 @@ class LocalCluster:
     capacity_mode: str = "on-demand"  # the stack's CapacityMode output
     max_job_restarts: int = 5  # the stack's MaxJobRestarts output (settings: jobKeeper.maxJobRestarts)
     spare_nodes: int = 0  # the stack's SpareNodes output: the group holds node_count + spare_nodes
+    # The nodes are processes of one machine, and share its temporary directory (machine_env): by default the
+    # cluster's own; the drills share one per test session, which a straight run of the same job fills first
+    # (test_spare_drill.py), so a drill compiles warm, as a node whose job ran before does. A node that must
+    # start without Inductor's directory: empty_inductor_dir
+    machine_tmp: Path | None = None
     nodes: dict[str, NodeRoot] = field(default_factory=dict)
     base_port: int = field(default_factory=free_port_block)
     results: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
@@ -184,6 +196,8 @@ class LocalCluster:
     def __post_init__(self) -> None:
         self.fsx = self.base / "fsx"
         self.fsx.mkdir(parents=True)
+        self.machine_tmp = self.machine_tmp or self.base / "tmp"
+        self.machine_tmp.mkdir(exist_ok=True)
         self.ec2 = boto3.client("ec2", region_name=REGION)
         self.autoscaling = boto3.client("autoscaling", region_name=REGION)
         vpc = self.ec2.create_vpc(CidrBlock="10.42.0.0/16")["Vpc"]["VpcId"]
@@ -264,12 +278,8 @@ class LocalCluster:
         root = self.base / instance_id
         (root / "etc/cluster").mkdir(parents=True)
         (root / "etc/cluster/node-config.json").write_text(json.dumps(NODE_CONFIG))
-        # each node its own temporary directory, as a node's job has its own scratch; Inductor's directory is
-        # this machine's one for the drills (warm from earlier drills, as it was before the compile cache),
-        # except on a node that must start without it (empty_inductor_dir)
-        (root / "tmp").mkdir()
-        (root / "etc/cluster/training.env").write_text(
-            f"OMP_NUM_THREADS=1\nPYTHONUNBUFFERED=1\nTMPDIR={root}/tmp\nTORCHINDUCTOR_CACHE_DIR={SHARED_INDUCTOR_DIR}\n")
+        (root / "etc/cluster/training.env").write_text("OMP_NUM_THREADS=1\nPYTHONUNBUFFERED=1\n" + "".join(
+            f"{name}={value}\n" for name, value in machine_env(self.machine_tmp).items()))
         (root / "opt/cluster").mkdir(parents=True)
         (root / "opt/cluster/bundle").symlink_to(REPO)
         trainer_python = root / "opt/pytorch/bin/python"
@@ -297,7 +307,9 @@ class LocalCluster:
         node = self.nodes[instance_id]
         env_file = node.root / "etc/cluster/training.env"
         own = node.root / "inductor"
-        env_file.write_text(env_file.read_text().replace(str(SHARED_INDUCTOR_DIR), str(own)))
+        inductor = machine_env(self.machine_tmp)[INDUCTOR_DIR_ENV]
+        env_file.write_text(env_file.read_text().replace(f"{INDUCTOR_DIR_ENV}={inductor}\n",
+                                                         f"{INDUCTOR_DIR_ENV}={own}\n"))
         return own
 
     def lose(self, instance_id: str, *, hang: bool = False) -> str:

@@ -64,13 +64,15 @@ def torchrun_cmd(overrides: list[str], *, resume: str = "auto", entry: tuple[str
     return cmd
 
 
-def env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+def env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **extra}
 
 
-def torchrun(overrides: list[str], *, resume: str = "auto", entry: tuple[str, ...] = TRAINING) -> Run:
-    proc = subprocess.run(torchrun_cmd(overrides, resume=resume, entry=entry), cwd=REPO, env=env(), text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)
+def torchrun(overrides: list[str], *, resume: str = "auto", entry: tuple[str, ...] = TRAINING,
+             extra_env: dict[str, str] | None = None) -> Run:
+    """`extra_env`: variables the run gets on top of the test's environment."""
+    proc = subprocess.run(torchrun_cmd(overrides, resume=resume, entry=entry), cwd=REPO, env=env(**extra_env or {}),
+                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)
     return Run(proc.returncode, proc.stdout)
 
 

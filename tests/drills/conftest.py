@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from fake_aws import isolate_from_real_aws
 from keeper_drill import Drill, make_drill
@@ -17,14 +19,21 @@ def aws(monkeypatch, tmp_path):
         yield
 
 
+@pytest.fixture(scope="session")
+def drill_machine_tmp(tmp_path_factory) -> Path:
+    """The temporary directory of the machine every drill's nodes run on in this session
+    (LocalCluster.machine_tmp): what one drill compiled, the next finds, as on a machine that ran the job before."""
+    return tmp_path_factory.mktemp("machine-tmp")
+
+
 @pytest.fixture()
-def drills(aws, tmp_path):
+def drills(aws, tmp_path, drill_machine_tmp):
     """make_drill(**stack outputs) for this test; its nodes' processes are killed at the end."""
     made: list[Drill] = []
 
     def make(**outputs) -> Drill:
         assert not made, "one cluster per test: the stack, group and table names are fixed"
-        made.append(make_drill(tmp_path, **outputs))
+        made.append(make_drill(tmp_path, machine_tmp=drill_machine_tmp, **outputs))
         return made[-1]
 
     yield make
