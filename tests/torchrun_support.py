@@ -3,14 +3,17 @@ model, synthetic data) and reading what it printed and saved: shared by the torc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
@@ -155,40 +158,53 @@ def _kill_left(procs: list[subprocess.Popen]) -> None:
             proc.wait()
 
 
+@contextlib.contextmanager
+def _rank_logs(ranks: range) -> Iterator[dict[int, TextIO]]:
+    """A file per rank in ``ranks`` for its output, so that no rank blocks on a full pipe while the others wait
+    for it in a collective; closed and removed after the block."""
+    with tempfile.TemporaryDirectory() as tmp:
+        files = {rank: open(Path(tmp) / f"rank{rank}.log", "w+") for rank in ranks}
+        try:
+            yield files
+        finally:
+            for f in files.values():
+                f.close()
+
+
+def _read_back(files: dict[int, TextIO]) -> list[str]:
+    outputs = []
+    for rank in sorted(files):
+        files[rank].seek(0)
+        outputs.append(files[rank].read())
+    return outputs
+
+
 def run_as_nodes(per_node: list[list[str]], *, resume: str = "auto", entry: tuple[str, ...] = TRAINING) -> Run:
     """``python -m training`` (or ``entry``) as a job of one rank per "node", node K with the overrides
     ``per_node[K]`` after SMALL: the layout of a multi-node job, where each node has its own
     checkpoint.local_dir. The ranks get the environment torchrun gives a worker (RANK, LOCAL_RANK 0, WORLD_SIZE,
     LOCAL_WORLD_SIZE 1, the store's MASTER_ADDR and MASTER_PORT) without torchrun's agent processes, which would
-    only add a torch import each. Their outputs are joined, rank 0's first; each goes to a file, so that no
-    rank blocks on a full pipe while the others wait for it in a collective."""
-    with tempfile.TemporaryDirectory() as tmp:
-        files = [open(Path(tmp) / f"rank{rank}.log", "w+") for rank in range(len(per_node))]
+    only add a torch import each. Their outputs are joined, rank 0's first; each goes to a file."""
+    with _rank_logs(range(len(per_node))) as files:
         procs: list[subprocess.Popen] = []
         try:
             procs = _start_nodes(per_node, resume, entry, lambda rank: files[rank])
             codes = [proc.wait(timeout=RUN_TIMEOUT_S) for proc in procs]
-            outputs = []
-            for f in files:
-                f.seek(0)
-                outputs.append(f.read())
         finally:
             _kill_left(procs)
-            for f in files:
-                f.close()
+        outputs = _read_back(files)
     return Run(max(codes, key=abs), "".join(outputs))
 
 
 def run_as_nodes_and_signal(per_node: list[list[str]], *, sig: int, after_step: int, resume: str = "auto",
                             entry: tuple[str, ...] = TRAINING) -> Run:
     """run_as_nodes, and ``sig`` to rank 1 once rank 0 has logged ``after_step`` (torchrun_and_signal without
-    the agent). The other ranks write to files, so that no pipe fills while rank 0's is read."""
-    with tempfile.TemporaryDirectory() as tmp:
-        files = [open(Path(tmp) / f"rank{rank}.log", "w+") for rank in range(1, len(per_node))]
+    the agent). Rank 0's output is read as it comes; the other ranks write to files."""
+    with _rank_logs(range(1, len(per_node))) as files:
         lines: list[str] = []
         procs: list[subprocess.Popen] = []
         try:
-            procs = _start_nodes(per_node, resume, entry, lambda k: subprocess.PIPE if k == 0 else files[k - 1])
+            procs = _start_nodes(per_node, resume, entry, lambda k: subprocess.PIPE if k == 0 else files[k])
             assert procs[0].stdout is not None
             deadline = time.monotonic() + RUN_TIMEOUT_S
             for line in procs[0].stdout:
@@ -200,11 +216,7 @@ def run_as_nodes_and_signal(per_node: list[list[str]], *, sig: int, after_step: 
             rest, _ = procs[0].communicate(timeout=RUN_TIMEOUT_S)
             lines.append(rest)
             codes = [procs[0].returncode] + [proc.wait(timeout=RUN_TIMEOUT_S) for proc in procs[1:]]
-            for f in files:
-                f.seek(0)
-                lines.append(f.read())
         finally:
             _kill_left(procs)
-            for f in files:
-                f.close()
+        lines += _read_back(files)
     return Run(max(codes, key=abs), "".join(lines))
