@@ -6,10 +6,13 @@ through a Stubber fed with what node_bootstrap.jobs prints on fake node roots (s
 import json
 import time
 
+import pytest
 from fake_job_node import JOB, FakeNode, expect_status
 
 from cluster_aws.errors import EXIT_FAILED, EXIT_OK
 from cluster_jobs.node_states import NodeJobState, nodes_on_tcp
+
+pytestmark = pytest.mark.waits  # mostly sleeps on real timeouts: run beside the slow files (conftest.py)
 
 
 def test_status_warns_and_exits_1_when_a_node_of_a_running_job_uses_tcp(

@@ -10,6 +10,8 @@ from fake_job_node import COMMAND_ID, JOB, FakeNode, expect_command, expect_job_
 
 from cluster_aws.errors import EXIT_FAILED, EXIT_OK
 
+pytestmark = pytest.mark.waits  # mostly sleeps on real timeouts: run beside the slow files (conftest.py)
+
 
 def test_status_after_a_node_was_replaced_asks_only_the_nodes_that_exist(cli, cluster, fakes, ssm_stub, tmp_path):
     survivor = FakeNode(tmp_path / "a", "until-sigterm")

@@ -12,6 +12,8 @@ import pytest
 from node_bootstrap.deadline import Deadline, DeadlineExceeded, Watchdog
 from node_bootstrap.runner import TIMED_OUT, Runner
 
+pytestmark = pytest.mark.waits  # mostly sleeps on real timeouts: run beside the slow files (conftest.py)
+
 
 class UnkillablePopen:
     """A child in uninterruptible sleep: it never finishes, and SIGKILL does not end it either.

@@ -1,8 +1,9 @@
 """Hang detection in the job supervisor, for real: `python3 -m node_bootstrap.jobs start` with the direct
 launcher starts the real supervisor, which runs a stand-in for the DLAMI python (so the torchrun argv
 reaches a script) that prints trainer step lines the way training/metrics.py does, then behaves as
-FAKE_MODE says. The node config carries timeouts of seconds instead of the defaults' minutes. The learned
-timeout's rules (progress.py) are also checked on their own, on a clock the test moves."""
+FAKE_MODE says. The node config carries timeouts of seconds instead of the defaults' minutes, and every such
+job is started at once (SCENARIOS), so that the tests' waits overlap. The learned timeout's rules (progress.py)
+are also checked on their own, on a clock the test moves."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,8 @@ from node_jobs_support import wait_until
 
 from node_bootstrap.job_contract import ABORT_STOP_SECONDS
 from node_bootstrap.jobs.progress import HANG_FACTOR, MIN_INTERVALS, RESTART_MARKER, ProgressWatch
+
+pytestmark = pytest.mark.waits  # mostly sleeps on real timeouts: run beside the slow files (conftest.py)
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN_NODE_CONFIG = Path(__file__).parents[1] / "cluster_constructs" / "golden" / "node-config.json"
@@ -155,26 +159,59 @@ class Node:
         return (self.root / "var/log/cluster/jobs" / f"{job_id}.log").read_text()
 
 
-@pytest.fixture
-def node(tmp_path):
-    made = []
+# Every live job below, started at once by one module fixture: each test waits on real timeouts of seconds
+# (hang, start, SIGTERM-to-SIGKILL), and their waits overlap instead of adding up (~45 s in series).
+SCENARIOS: dict[str, dict] = {
+    "stall": dict(mode="stall"),
+    "ignores-sigterm": dict(mode="stall-ignoring-sigterm"),
+    "stepping": dict(mode="stepping"),
+    "exit": dict(mode="exit"),
+    "slow-start": dict(mode="slow-start"),
+    "restart": dict(mode="restart"),
+    "silent": dict(mode="silent", start_s=QUICK_START_S),
+    "detection-off": dict(mode="silent", hang_s=0, start_s=QUICK_START_S),
+    "commcheck": dict(mode="silent", module="training.commcheck", start_s=QUICK_START_S),
+    "monitor-stop": dict(mode="stall", hang_s=600),
+    "cadence": dict(mode="cadence", hang_s=600, floor_s=1),  # the upper bound: 10 minutes
+    "cadence-restart": dict(mode="cadence-restart", hang_s=600, floor_s=1),
+}
 
-    def make(mode, **kwargs):
-        made.append(Node(tmp_path, mode, **kwargs))
-        return made[-1]
-    yield make
-    for n in made:  # never leave a stand-in running
-        for status in (n.root / "var/lib/cluster/jobs").glob("*/status.json"):
-            pid = json.loads(status.read_text()).get("pid")
-            if pid and running(pid):
-                subprocess.run(["kill", "-9", str(pid)], check=False)
-        if n.worker_file.exists() and running(int(n.worker_file.read_text())):
-            subprocess.run(["kill", "-9", n.worker_file.read_text()], check=False)
+
+@dataclass
+class Started:
+    node: Node
+    job: str
+    started_at: float  # time.monotonic() when `start` returned
 
 
-def test_a_trainer_that_stops_stepping_is_stopped_and_marked_hung(node):
-    n = node("stall")
-    job = n.start()
+@pytest.fixture(scope="module")
+def started(tmp_path_factory):
+    jobs = {}
+    try:
+        for name, kwargs in SCENARIOS.items():
+            node = Node(tmp_path_factory.mktemp(name), **kwargs)
+            jobs[name] = Started(node, node.start(), time.monotonic())
+        yield jobs
+    finally:
+        for each in jobs.values():  # never leave a stand-in running
+            kill_what_is_left(each.node)
+
+
+def kill_what_is_left(node: Node) -> None:
+    for status in (node.root / "var/lib/cluster/jobs").glob("*/status.json"):
+        pid = json.loads(status.read_text()).get("pid")
+        if pid and running(pid):
+            subprocess.run(["kill", "-9", str(pid)], check=False)
+    if node.worker_file.exists() and running(int(node.worker_file.read_text())):
+        subprocess.run(["kill", "-9", node.worker_file.read_text()], check=False)
+
+
+def sleep_until(started: Started, seconds_after_start: float) -> None:
+    time.sleep(max(0.0, started.started_at + seconds_after_start - time.monotonic()))
+
+
+def test_a_trainer_that_stops_stepping_is_stopped_and_marked_hung(started):
+    n, job = started["stall"].node, started["stall"].job
     status = n.wait_end(job, HANG_S + GRACE_S + 15)
     assert status["state"] == "hung"
     assert status["lastStepSeen"] == 3 and status["lastStepAt"]
@@ -191,9 +228,8 @@ def test_a_trainer_that_stops_stepping_is_stopped_and_marked_hung(node):
     assert reported["state"] == "hung" and reported["lastStep"] == 3
 
 
-def test_a_hung_trainer_that_ignores_sigterm_is_killed_after_the_grace_period(node):
-    n = node("stall-ignoring-sigterm")
-    job = n.start()
+def test_a_hung_trainer_that_ignores_sigterm_is_killed_after_the_grace_period(started):
+    n, job = started["ignores-sigterm"].node, started["ignores-sigterm"].job
     status = n.wait_end(job, HANG_S + GRACE_S + 15)
     assert status["state"] == "hung" and status["signal"] == "SIGKILL"
     # not the job's stop grace (GRACE_S): a hung rank never reaches the step boundary where SIGTERM saves
@@ -202,38 +238,33 @@ def test_a_hung_trainer_that_ignores_sigterm_is_killed_after_the_grace_period(no
     wait_until(lambda: not running(worker), 10, "the worker in its own session to be killed")
 
 
-def test_a_trainer_that_keeps_stepping_is_left_alone(node):
-    n = node("stepping")
-    job = n.start()
+def test_a_trainer_that_keeps_stepping_is_left_alone(started):
+    n, job = started["stepping"].node, started["stepping"].job
     status = n.wait_end(job, 30)
     assert status["state"] == "succeeded" and status["exitCode"] == 0
     assert "hung" not in n.log(job)
 
 
-def test_a_job_that_exits_on_its_own_is_not_marked_hung(node):
-    n = node("exit")
-    job = n.start()
+def test_a_job_that_exits_on_its_own_is_not_marked_hung(started):
+    n, job = started["exit"].node, started["exit"].job
     status = n.wait_end(job, 20)
     assert status["state"] == "failed" and status["exitCode"] == 3
     time.sleep(HANG_S + 0.5)  # past the hang timeout: the watchdog must not touch the recorded end
     assert n.status(job)["state"] == "failed" and "hung" not in n.log(job)
 
 
-def test_the_first_step_gets_the_start_timeout(node):
-    n = node("slow-start")
-    status = n.wait_end(n.start(), 30)
-    assert status["state"] == "succeeded"
+def test_the_first_step_gets_the_start_timeout(started):
+    n, job = started["slow-start"].node, started["slow-start"].job
+    assert n.wait_end(job, 30)["state"] == "succeeded"
 
 
-def test_a_torchrun_restart_gets_the_start_timeout_again(node):
-    n = node("restart")
-    status = n.wait_end(n.start(), 30)
-    assert status["state"] == "succeeded"
+def test_a_torchrun_restart_gets_the_start_timeout_again(started):
+    n, job = started["restart"].node, started["restart"].job
+    assert n.wait_end(job, 30)["state"] == "succeeded"
 
 
-def test_no_step_at_all_is_hung_after_the_start_timeout(node):
-    n = node("silent", start_s=QUICK_START_S)
-    job = n.start()
+def test_no_step_at_all_is_hung_after_the_start_timeout(started):
+    n, job = started["silent"].node, started["silent"].job
     status = n.wait_end(job, QUICK_START_S + GRACE_S + 15)
     assert status["state"] == "hung"
     assert status["error"] == (f"hung: no trainer step for {QUICK_START_S} s (the start timeout, "
@@ -241,28 +272,25 @@ def test_no_step_at_all_is_hung_after_the_start_timeout(node):
     assert status["lastStepSeen"] is None
 
 
-def test_a_hang_timeout_of_zero_turns_detection_off(node):
-    n = node("silent", hang_s=0, start_s=QUICK_START_S)
-    job = n.start()
-    time.sleep(QUICK_START_S + 1.5)  # a watched job would be hung (and its stand-in gone) by now
+def test_a_hang_timeout_of_zero_turns_detection_off(started):
+    n, job = started["detection-off"].node, started["detection-off"].job
+    sleep_until(started["detection-off"], QUICK_START_S + 1.5)  # a watched job would be hung (and its stand-in gone)
     assert n.status(job)["state"] == "running"
     result = n.cli("cancel", "--job-id", job, "--timeout-seconds", "5")
     assert json.loads(result.stdout)["state"] == "cancelled"
 
 
-def test_a_commcheck_is_not_watched_for_trainer_steps(node):
-    n = node("silent", module="training.commcheck", start_s=QUICK_START_S)
-    job = n.start()
-    time.sleep(QUICK_START_S + 1.5)  # a watched job would be hung (and its stand-in gone) by now
+def test_a_commcheck_is_not_watched_for_trainer_steps(started):
+    n, job = started["commcheck"].node, started["commcheck"].job
+    sleep_until(started["commcheck"], QUICK_START_S + 1.5)  # a watched job would be hung (and its stand-in gone)
     assert n.status(job)["state"] == "running"
     n.cli("cancel", "--job-id", job, "--timeout-seconds", "5")
 
 
-def test_a_job_stopped_by_the_health_monitor_is_failed_with_its_reason(node):
+def test_a_job_stopped_by_the_health_monitor_is_failed_with_its_reason(started):
     """What the monitor does (monitor/actions.py): a stop request next to the status, then SIGTERM to the
     supervisor."""
-    n = node("stall", hang_s=600)
-    job = n.start()
+    n, job = started["monitor-stop"].node, started["monitor-stop"].job
     wait_until(lambda: '"step": 3' in n.log(job), 10, "step 3")
     request = {"by": "node health monitor", "reason": "health monitor: xid: new: Xid 79 on 0000:b9:00",
                "at": "2025-03-11T12:03:20Z"}
@@ -277,9 +305,8 @@ def test_a_job_stopped_by_the_health_monitor_is_failed_with_its_reason(node):
 # --- the timeout learned from the step cadence ------------------------------------------------------------
 
 
-def test_a_stall_is_hung_after_the_learned_timeout_long_before_the_upper_bound(node):
-    n = node("cadence", hang_s=600, floor_s=1)  # the upper bound: 10 minutes
-    job = n.start()
+def test_a_stall_is_hung_after_the_learned_timeout_long_before_the_upper_bound(started):
+    n, job = started["cadence"].node, started["cadence"].job
     status = n.wait_end(job, 1 + GRACE_S + 30)  # long before the upper bound
     assert status["state"] == "hung" and status["lastStepSeen"] == 12
     found = re.match(r"hung: no trainer step for ([0-9.]+) s \((the floor, jobHangFloorSeconds, above )?5 x the "
@@ -292,11 +319,11 @@ def test_a_stall_is_hung_after_the_learned_timeout_long_before_the_upper_bound(n
     assert timeout_s < 600
 
 
-def test_the_first_step_after_a_restart_keeps_its_allowance_after_the_cadence_was_learned(node):
+def test_the_first_step_after_a_restart_keeps_its_allowance_after_the_cadence_was_learned(started):
     # steps every 0.1 s teach a timeout of about the 1 s floor; the restarted workers' first step comes
     # 3 s later, inside the 5 s start timeout
-    n = node("cadence-restart", hang_s=600, floor_s=1)
-    status = n.wait_end(n.start(), 30)
+    n, job = started["cadence-restart"].node, started["cadence-restart"].job
+    status = n.wait_end(job, 30)
     assert status["state"] == "succeeded", status
 
 

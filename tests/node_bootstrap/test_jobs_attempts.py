@@ -13,6 +13,8 @@ from node_jobs_support import REPO, expected_argv, pid_alive, wait_until
 
 from node_bootstrap import jobs
 
+pytestmark = pytest.mark.waits  # mostly sleeps on real timeouts: run beside the slow files (conftest.py)
+
 
 def test_a_later_attempt_restarts_an_ended_job_keeping_its_status_and_log(node_factory):
     node = node_factory("exit", exit_code=3)

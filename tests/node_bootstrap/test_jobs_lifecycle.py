@@ -16,6 +16,8 @@ from node_jobs_support import GOLDEN_NODE_CONFIG, PY39, REPO, expected_argv, pid
 
 from node_bootstrap import jobs
 
+pytestmark = pytest.mark.waits  # mostly sleeps on real timeouts: run beside the slow files (conftest.py)
+
 
 def test_start_runs_torchrun_detached_and_status_reports_the_last_step(node_factory):
     node = node_factory("until-sigterm")

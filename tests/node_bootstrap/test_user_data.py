@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.waits  # mostly sleeps on real timeouts: run beside the slow files (conftest.py)
+
 TEMPLATE = Path(__file__).parents[2] / "node_bootstrap" / "user_data.sh"
 PLACEHOLDERS = ("@@REGION@@", "@@BUNDLE_S3_URI@@", "@@NODE_CONFIG_JSON@@", "@@LOG_GROUP@@")
 BUNDLE_URI = "s3://cdk-hnb659fds-assets-123456789012-us-east-1/3f2a9c.zip"
