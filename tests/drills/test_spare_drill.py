@@ -32,8 +32,9 @@ pytestmark = pytest.mark.slow
 LOCAL_INTERVAL = 10
 # Far more steps than the 20 the drills wait for before they lose a node: the job must still be running when
 # the node goes (with 40, a compiled tiny model once finished every step in the time the drill took to notice
-# step 20 and stop the node, and attempt 2 had nothing to train)
-SPARE_STEPS = 200
+# step 20 and stop the node, and attempt 2 had nothing to train). 80 more steps take at least 3 s (~40 ms a
+# step, measured), while the drill loses the node within a 20 ms poll of the line it waits for.
+SPARE_STEPS = 100
 # no durable save before the last step (interval 0: only the final one): only the local tier can serve the restart
 SPARE_JOB = [*JOB_OVERRIDES, f"run.steps={SPARE_STEPS}", "checkpoint.interval_steps=0",
              f"checkpoint.local_interval_steps={LOCAL_INTERVAL}"]

@@ -128,8 +128,10 @@ def test_torchao_fp8_emulate_trains_under_fsdp2(dist_info):
 
 
 @pytest.mark.slow
-def test_per_block_compile_trains(dist_info):
-    """torch.compile of each block (Inductor, C++ on a CPU): one tiny run, as compiling is slow here."""
+def test_per_block_compile_trains_with_the_full_logits_and_the_fused_loss(dist_info):
+    """torch.compile of each block (Inductor, C++ on a CPU), with activation checkpointing: a few steps with the
+    loss on the full logits, then a few with the fused loss on the same model. The blocks are compiled once (a
+    cold compile costs ~20 CPU-s here); the root's forward, where the fused loss runs, stays eager."""
     import shutil
 
     if shutil.which(os.environ.get("CXX", "g++")) is None:
@@ -138,9 +140,10 @@ def test_per_block_compile_trains(dist_info):
     model = build(
         dist_info, ParallelConfig(compile=True, activation_checkpointing=True, param_dtype="float32")
     )
-    losses = train(model, 3)
-    assert all(loss == loss for loss in losses) and losses[-1] < losses[0]
-    print(f"compiled run took {time.monotonic() - began:.1f}s")
+    for loss_chunk_tokens in (0, 100):
+        losses = train(model, 3, loss_chunk_tokens=loss_chunk_tokens)
+        assert all(loss == loss for loss in losses) and losses[-1] < losses[0], (loss_chunk_tokens, losses)
+    print(f"compiled runs took {time.monotonic() - began:.1f}s")
 
 
 def sharded_grads(model, inputs, targets, loss_chunk_tokens: int) -> dict[str, torch.Tensor]:
@@ -190,18 +193,6 @@ def test_torchao_fp8_emulate_with_the_fused_loss(dist_info):
     assert sum(losses[-5:]) / 5 < 0.5 * losses[0]
 
 
-@pytest.mark.slow
-def test_per_block_compile_with_the_fused_loss_trains(dist_info):
-    """The blocks are compiled, the root's forward (where the fused loss runs) stays eager."""
-    import shutil
-
-    if shutil.which(os.environ.get("CXX", "g++")) is None:
-        pytest.skip("Inductor needs a C++ compiler on the CPU and none is installed")
-    model = build(dist_info, ParallelConfig(compile=True, param_dtype="float32"))
-    losses = train(model, 3, loss_chunk_tokens=100)
-    assert all(loss == loss for loss in losses) and losses[-1] < losses[0]
-
-
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
@@ -223,64 +214,8 @@ def test_invalid_parallel_config_names_the_field(field, value, message):
     assert str(excinfo.value) == message
 
 
+# One torchrun start (2 gloo ranks) for both checks below: each start costs seconds of CPU here.
 TWO_RANK_SCRIPT = textwrap.dedent(
-    """
-    import gc
-    import torch, torch.distributed as dist
-    from training.model import Transformer, build_model_config
-    from training.parallelize import (
-        ParallelConfig, apply_parallelism, build_data_parallel_mesh, init_distributed)
-    info = init_distributed()
-    with torch.device("meta"):
-        model = Transformer(build_model_config("tiny"))
-    apply_parallelism(model, ParallelConfig(param_dtype="float32"), build_data_parallel_mesh(info))
-    model.to_empty(device="cpu")
-    model.init_weights(seed=3)
-    full = {n: p.full_tensor() for n, p in model.named_parameters()}
-    local = model.layers[0].attention.wq.weight.to_local()
-    if info.rank == 0:
-        reference = Transformer(build_model_config("tiny"))
-        reference.init_weights(seed=3)
-        same = all(torch.equal(full[n], p) for n, p in reference.named_parameters())
-        print("WORLD", info.world_size, "SAME_AS_ONE_PROCESS", same, "LOCAL_ROWS", local.shape[0])
-    # the FSDP2 model's reference cycles hold process-group objects: collect them now, not at interpreter
-    # shutdown, where gloo can abort the rank (as training.train does)
-    del model, full, local
-    gc.collect()
-    dist.destroy_process_group()
-    """
-)
-
-
-@pytest.mark.slow
-def test_two_ranks_shard_the_same_model_one_process_would_build(tmp_path):
-    """Real torchrun, 2 gloo ranks: each rank holds half of every weight, and the gathered model is the one a
-    single process builds from the same seed (each shard is drawn as its slice of the full tensor)."""
-    script = tmp_path / "two_ranks.py"
-    script.write_text(TWO_RANK_SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            "--master_port=0",
-            "--rdzv_backend=c10d",
-            "--rdzv_endpoint=127.0.0.1:0",
-            str(script),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        cwd=tmp_path,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "WORLD 2 SAME_AS_ONE_PROCESS True LOCAL_ROWS 32" in result.stdout
-
-
-FUSED_LOSS_SCRIPT = textwrap.dedent(
     """
     import gc
     import torch, torch.distributed as dist, torch.nn.functional as F
@@ -289,14 +224,36 @@ FUSED_LOSS_SCRIPT = textwrap.dedent(
         ParallelConfig, apply_parallelism, build_data_parallel_mesh, init_distributed)
     torch.set_num_threads(1)
     info = init_distributed()
-    with torch.device("meta"):
-        model = Transformer(build_model_config("tiny"))
-    apply_parallelism(model, ParallelConfig(param_dtype="float32"), build_data_parallel_mesh(info))
-    model.to_empty(device="cpu")
-    model.init_weights(seed=3)
-    gen = torch.Generator().manual_seed(100 + info.rank)  # each rank its own batch: the reduction matters
+
+    def sharded_model():
+        with torch.device("meta"):
+            model = Transformer(build_model_config("tiny"))
+        apply_parallelism(model, ParallelConfig(param_dtype="float32"), build_data_parallel_mesh(info))
+        model.to_empty(device="cpu")
+        model.init_weights(seed=3)
+        return model
+
+    def print_on_rank_0(line):
+        lines = [None] * info.world_size
+        dist.all_gather_object(lines, line)  # printed by rank 0 alone: two ranks' prints interleave
+        if info.rank == 0:
+            print("\\n".join(lines), flush=True)
+
+    # 1) the shards: the gathered model is the one a single process builds from the same seed
+    model = sharded_model()
+    full = {n: p.full_tensor() for n, p in model.named_parameters()}
+    local = model.layers[0].attention.wq.weight.to_local()
+    reference = Transformer(build_model_config("tiny"))
+    reference.init_weights(seed=3)
+    same = all(torch.equal(full[n], p) for n, p in reference.named_parameters())
+    print_on_rank_0(f"RANK {info.rank} WORLD {info.world_size} SAME_AS_ONE_PROCESS {same} LOCAL_ROWS {local.shape[0]}")
+
+    # 2) the fused loss: each rank its own batch (the reduction matters); the gradient shards after FSDP2's
+    #    reduce-scatter are the full-logits path's
+    gen = torch.Generator().manual_seed(100 + info.rank)
     tokens = torch.randint(0, 320, (4, 33), generator=gen)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
+
     def local_grads(chunk):
         model.zero_grad(set_to_none=True)
         if chunk:
@@ -305,35 +262,47 @@ FUSED_LOSS_SCRIPT = textwrap.dedent(
             loss = F.cross_entropy(model(inputs).flatten(0, 1).float(), targets.flatten())
         loss.backward()
         return {n: p.grad.to_local().clone() for n, p in model.named_parameters()}
-    full, fused = local_grads(0), local_grads(40)
-    same = all(torch.allclose(fused[n], g, rtol=1e-5, atol=1e-7) for n, g in full.items())
-    line = (f"RANK {info.rank} FUSED_MATCHES {same} HEAD_SHARD_ROWS {fused['output.weight'].shape[0]} "
-            f"OF {model.output.weight.shape[0]}")
-    lines = [None] * info.world_size
-    dist.all_gather_object(lines, line)  # printed by rank 0 alone: two ranks' prints interleave
-    if info.rank == 0:
-        print("\\n".join(lines), flush=True)
+
+    full_grads, fused = local_grads(0), local_grads(40)
+    same = all(torch.allclose(fused[n], g, rtol=1e-5, atol=1e-7) for n, g in full_grads.items())
+    print_on_rank_0(f"RANK {info.rank} FUSED_MATCHES {same} HEAD_SHARD_ROWS {fused['output.weight'].shape[0]} "
+                    f"OF {model.output.weight.shape[0]}")
     # the FSDP2 model's reference cycles hold gloo work objects: collected now, not at interpreter shutdown,
     # where they can abort the rank (training.train does the same)
-    del model, full, fused
+    del model, full, local, full_grads, fused
     gc.collect()
     dist.destroy_process_group()
     """
 )
 
 
-@pytest.mark.slow
-def test_two_ranks_reduce_scatter_the_fused_loss_gradients_like_the_full_logits(tmp_path):
-    """Real torchrun, 2 gloo ranks with different batches: each rank's gradient shards, the output head's
-    among them, are the full-logits path's after FSDP2's reduce-scatter."""
-    script = tmp_path / "fused_loss.py"
-    script.write_text(FUSED_LOSS_SCRIPT)
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> subprocess.CompletedProcess:
+    """Real torchrun, 2 gloo ranks, running TWO_RANK_SCRIPT."""
+    workdir = tmp_path_factory.mktemp("two-ranks")
+    script = workdir / "two_ranks.py"
+    script.write_text(TWO_RANK_SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=0",
          "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:0", str(script)],
-        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
+        capture_output=True, text=True, timeout=300, env=env, cwd=workdir,
     )
-    assert result.returncode == 0, result.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_two_ranks_shard_the_same_model_one_process_would_build(two_ranks):
+    """Each rank holds half of every weight, and the gathered model is the one a single process builds from the
+    same seed (each shard is drawn as its slice of the full tensor)."""
+    assert two_ranks.returncode == 0, two_ranks.stderr[-3000:]
     for rank in (0, 1):
-        assert f"RANK {rank} FUSED_MATCHES True HEAD_SHARD_ROWS 160 OF 320" in result.stdout, result.stdout
+        assert f"RANK {rank} WORLD 2 SAME_AS_ONE_PROCESS True LOCAL_ROWS 32" in two_ranks.stdout, two_ranks.stdout
+
+
+@pytest.mark.slow
+def test_two_ranks_reduce_scatter_the_fused_loss_gradients_like_the_full_logits(two_ranks):
+    """2 ranks with different batches: each rank's gradient shards, the output head's among them, are the
+    full-logits path's after FSDP2's reduce-scatter."""
+    assert two_ranks.returncode == 0, two_ranks.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"RANK {rank} FUSED_MATCHES True HEAD_SHARD_ROWS 160 OF 320" in two_ranks.stdout, two_ranks.stdout
