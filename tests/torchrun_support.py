@@ -13,9 +13,9 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
 
 import torch
+from preloaded_ranks import ForkedRank, start_rank
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 REPO = Path(__file__).resolve().parents[1]
@@ -136,47 +136,39 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_nodes(per_node: list[list[str]], resume: str, entry: tuple[str, ...], stdout) -> list[subprocess.Popen]:
-    """One process of ``entry`` per "node" (see run_as_nodes); ``stdout(rank)``: where rank's output goes."""
+def _start_nodes(per_node: list[list[str]], resume: str, entry: tuple[str, ...],
+                 logs: dict[int, Path]) -> list[ForkedRank]:
+    """One process of ``entry`` per "node" (see run_as_nodes), forked from a process that has the trainer
+    imported already (tests/preloaded_ranks.py); rank K's output goes to ``logs[K]``."""
     port = free_port()
-    procs = []
+    ranks = []
     for rank, overrides in enumerate(per_node):
-        cmd = [sys.executable, *entry, "--resume", resume]
+        argv = [*entry, "--resume", resume]
         for override in SMALL + overrides:
-            cmd += ["--set", override]
+            argv += ["--set", override]
         worker_env = {**env(), "RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(len(per_node)),
                       "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        procs.append(subprocess.Popen(cmd, cwd=REPO, env=worker_env, text=True, stdout=stdout(rank),
-                                      stderr=subprocess.STDOUT))
-    return procs
+        ranks.append(start_rank(argv, env=worker_env, cwd=REPO, log=logs[rank]))
+    return ranks
 
 
-def _kill_left(procs: list[subprocess.Popen]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+def _kill_left(ranks: list[ForkedRank]) -> None:
+    for rank in ranks:
+        if rank.poll() is None:
+            rank.kill()
+            rank.wait()
 
 
 @contextlib.contextmanager
-def _rank_logs(ranks: range) -> Iterator[dict[int, TextIO]]:
-    """A file per rank in ``ranks`` for its output, so that no rank blocks on a full pipe while the others wait
-    for it in a collective; closed and removed after the block."""
+def _rank_logs(count: int) -> Iterator[dict[int, Path]]:
+    """A file per rank for its output, so that no rank blocks on a full pipe while the others wait for it in a
+    collective; removed after the block."""
     with tempfile.TemporaryDirectory() as tmp:
-        files = {rank: open(Path(tmp) / f"rank{rank}.log", "w+") for rank in ranks}
-        try:
-            yield files
-        finally:
-            for f in files.values():
-                f.close()
+        yield {rank: Path(tmp) / f"rank{rank}.log" for rank in range(count)}
 
 
-def _read_back(files: dict[int, TextIO]) -> list[str]:
-    outputs = []
-    for rank in sorted(files):
-        files[rank].seek(0)
-        outputs.append(files[rank].read())
-    return outputs
+def _read_back(logs: dict[int, Path]) -> str:
+    return "".join(logs[rank].read_text() if logs[rank].exists() else "" for rank in sorted(logs))
 
 
 def run_as_nodes(per_node: list[list[str]], *, resume: str = "auto", entry: tuple[str, ...] = TRAINING) -> Run:
@@ -184,39 +176,45 @@ def run_as_nodes(per_node: list[list[str]], *, resume: str = "auto", entry: tupl
     ``per_node[K]`` after SMALL: the layout of a multi-node job, where each node has its own
     checkpoint.local_dir. The ranks get the environment torchrun gives a worker (RANK, LOCAL_RANK 0, WORLD_SIZE,
     LOCAL_WORLD_SIZE 1, the store's MASTER_ADDR and MASTER_PORT) without torchrun's agent processes, which would
-    only add a torch import each. Their outputs are joined, rank 0's first; each goes to a file."""
-    with _rank_logs(range(len(per_node))) as files:
-        procs: list[subprocess.Popen] = []
+    only add a torch import each, and each is forked from a process that has imported the trainer already
+    (tests/preloaded_ranks.py). Their outputs are joined, rank 0's first."""
+    with _rank_logs(len(per_node)) as logs:
+        ranks: list[ForkedRank] = []
         try:
-            procs = _start_nodes(per_node, resume, entry, lambda rank: files[rank])
-            codes = [proc.wait(timeout=RUN_TIMEOUT_S) for proc in procs]
+            ranks = _start_nodes(per_node, resume, entry, logs)
+            codes = [rank.wait(timeout=RUN_TIMEOUT_S) for rank in ranks]
         finally:
-            _kill_left(procs)
-        outputs = _read_back(files)
-    return Run(max(codes, key=abs), "".join(outputs))
+            _kill_left(ranks)
+        output = _read_back(logs)
+    return Run(max(codes, key=abs), output)
 
 
 def run_as_nodes_and_signal(per_node: list[list[str]], *, sig: int, after_step: int, resume: str = "auto",
                             entry: tuple[str, ...] = TRAINING) -> Run:
     """run_as_nodes, and ``sig`` to rank 1 once rank 0 has logged ``after_step`` (torchrun_and_signal without
-    the agent). Rank 0's output is read as it comes; the other ranks write to files."""
-    with _rank_logs(range(1, len(per_node))) as files:
-        lines: list[str] = []
-        procs: list[subprocess.Popen] = []
+    the agent)."""
+    with _rank_logs(len(per_node)) as logs:
+        ranks: list[ForkedRank] = []
         try:
-            procs = _start_nodes(per_node, resume, entry, lambda k: subprocess.PIPE if k == 0 else files[k])
-            assert procs[0].stdout is not None
-            deadline = time.monotonic() + RUN_TIMEOUT_S
-            for line in procs[0].stdout:
-                lines.append(line)
-                if line.startswith('{"event": "step"') and json.loads(line)["step"] >= after_step:
-                    procs[1].send_signal(sig)
-                    break
-                assert time.monotonic() < deadline, "".join(lines)
-            rest, _ = procs[0].communicate(timeout=RUN_TIMEOUT_S)
-            lines.append(rest)
-            codes = [procs[0].returncode] + [proc.wait(timeout=RUN_TIMEOUT_S) for proc in procs[1:]]
+            ranks = _start_nodes(per_node, resume, entry, logs)
+            _wait_for_step(logs[0], ranks[0], after_step)
+            ranks[1].send_signal(sig)
+            codes = [rank.wait(timeout=RUN_TIMEOUT_S) for rank in ranks]
         finally:
-            _kill_left(procs)
-        lines += _read_back(files)
-    return Run(max(codes, key=abs), "".join(lines))
+            _kill_left(ranks)
+        output = _read_back(logs)
+    return Run(max(codes, key=abs), output)
+
+
+def _wait_for_step(log: Path, rank: ForkedRank, step: int) -> None:
+    """Until ``log`` (rank 0's output, as it is written) has the step line of ``step`` or a later one."""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    seen = ""
+    while True:
+        seen = log.read_text() if log.exists() else ""
+        for line in seen.splitlines(keepends=True):
+            if line.startswith('{"event": "step"') and line.endswith("\n") and json.loads(line)["step"] >= step:
+                return
+        assert rank.poll() is None, f"rank 0 ended with {rank.returncode} before step {step}:\n{seen[-3000:]}"
+        assert time.monotonic() < deadline, seen[-3000:]
+        time.sleep(0.02)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from preloaded_ranks import run_preloaded
 
 from training.bench.cli import build_parser, main
 from training.bench.report import format_table
@@ -20,9 +20,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def run_bench(*args: str) -> subprocess.CompletedProcess:
-    """python -m training.bench in a subprocess (it creates and destroys its own process group)."""
-    return subprocess.run([sys.executable, "-m", "training.bench", *args], capture_output=True, text=True,
-                          timeout=300, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
+    """python -m training.bench in a process of its own (it creates and destroys its own process group)."""
+    return run_preloaded(["-m", "training.bench", *args], timeout=300, cwd=REPO,
+                         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from emf_spec import extracted_metrics, parse_emf_line
+from preloaded_ranks import run_preloaded
 
 from training.errors import ConfigError
 from training.metrics import MetricsConfig, MetricsLogger, ThroughputModel, build_emf_record
@@ -132,9 +133,8 @@ def test_a_step_that_evaluated_the_held_out_loss_adds_it_and_its_perplexity(monk
 @pytest.mark.slow
 def test_the_tiny_cpu_training_writes_emf_lines_in_a_job():
     # the README's `python -m training` (tiny-cpu.toml), shortened, as the job supervisor runs it
-    proc = subprocess.run([sys.executable, "-m", "training", "--set", "run.steps=20",
-                           "--set", "run.log_interval_steps=10"], cwd=REPO, env=_env(**JOB_ENV), text=True,
-                          capture_output=True, timeout=300)
+    proc = run_preloaded(["-m", "training", "--set", "run.steps=20", "--set", "run.log_interval_steps=10"],
+                         cwd=REPO, env=_env(**JOB_ENV), timeout=300)
     assert proc.returncode == 0, proc.stderr
     steps = [json.loads(line) for line in proc.stdout.splitlines() if '"event": "step"' in line]
     assert [s["step"] for s in steps] == [1, 10, 20] and all(s["event"] == "step" for s in steps)

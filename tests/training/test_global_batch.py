@@ -3,11 +3,10 @@ size, so a job means the same step on 2 nodes or 64; a batch the ranks cannot sp
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from preloaded_ranks import run_preloaded
 
 from training.config import load_config
 from training.errors import ConfigError
@@ -57,8 +56,7 @@ def run_cli(*args):
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
-    return subprocess.run([sys.executable, "-m", "training", *args], cwd=REPO, env=env, text=True,
-                          capture_output=True, timeout=300)
+    return run_preloaded(["-m", "training", *args], cwd=REPO, env=env, timeout=300)
 
 
 @pytest.mark.slow

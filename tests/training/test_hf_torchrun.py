@@ -11,6 +11,7 @@ import sys
 
 import pytest
 import torch
+from preloaded_ranks import run_preloaded
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from tests.hf_support import KINDS, TOKENIZER_JSON, VOCAB, hf_logits, read_safetensors_dir, save_tiny_llama
@@ -142,11 +143,10 @@ def test_the_export_command_writes_what_the_end_of_the_run_wrote(run, tmp_path):
 def test_attempt_2_resumes_its_own_checkpoint_without_the_init_directory(run):  # last: it changes the run's files
     work, _, overrides, _ = run
     shutil.rmtree(work / "init-for-training")  # gone: attempt 2 must not need it
-    cmd = [sys.executable, "-m", "training", "--resume", "auto"]
+    argv = ["-m", "training", "--resume", "auto"]
     for item in overrides + [f"run.steps={STEPS + 2}"]:
-        cmd += ["--set", item]
-    proc = subprocess.run(cmd, cwd=REPO, env=env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          timeout=RUN_TIMEOUT_S)
+        argv += ["--set", item]
+    proc = run_preloaded(argv, cwd=REPO, env=env(), timeout=RUN_TIMEOUT_S, merge_stderr=True)
     assert proc.returncode == 0, proc.stdout[-4000:]
     resumes = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"event": "resume"')]
     assert resumes and resumes[0]["step"] == STEPS

@@ -5,12 +5,11 @@ from __future__ import annotations
 import io
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from preloaded_ranks import run_preloaded
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
@@ -155,9 +154,8 @@ def _train(*args: str) -> list[dict]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", JOB_ID_ENV):
         env.pop(name, None)
-    proc = subprocess.run([sys.executable, "-m", "training", "--set", "run.seq_len=16", "--set",
-                           "metrics.progress=false", "--set", "run.log_interval_steps=2", *args],
-                          cwd=REPO, env=env, text=True, capture_output=True, timeout=300)
+    proc = run_preloaded(["-m", "training", "--set", "run.seq_len=16", "--set", "metrics.progress=false",
+                          "--set", "run.log_interval_steps=2", *args], cwd=REPO, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [r for r in map(json.loads, proc.stdout.splitlines()) if r["event"] == "step"]
 
