@@ -136,20 +136,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_nodes(per_node: list[list[str]], resume: str, entry: tuple[str, ...],
-                 logs: dict[int, Path]) -> list[ForkedRank]:
-    """One process of ``entry`` per "node" (see run_as_nodes), forked from a process that has the trainer
-    imported already (tests/preloaded_ranks.py); rank K's output goes to ``logs[K]``."""
+def _start_ranks(argvs: list[list[str]], logs: dict[int, Path], cwd: Path) -> list[ForkedRank]:
+    """Rank K runs ``python *argvs[K]``, forked from a process that has the trainer imported already
+    (tests/preloaded_ranks.py), with torchrun's worker environment; its output goes to ``logs[K]``."""
     port = free_port()
     ranks = []
-    for rank, overrides in enumerate(per_node):
+    for rank, argv in enumerate(argvs):
+        worker_env = {**env(), "RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(len(argvs)),
+                      "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        ranks.append(start_rank(argv, env=worker_env, cwd=cwd, log=logs[rank]))
+    return ranks
+
+
+def _trainer_argvs(per_node: list[list[str]], resume: str, entry: tuple[str, ...]) -> list[list[str]]:
+    argvs = []
+    for overrides in per_node:
         argv = [*entry, "--resume", resume]
         for override in SMALL + overrides:
             argv += ["--set", override]
-        worker_env = {**env(), "RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(len(per_node)),
-                      "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        ranks.append(start_rank(argv, env=worker_env, cwd=REPO, log=logs[rank]))
-    return ranks
+        argvs.append(argv)
+    return argvs
 
 
 def _kill_left(ranks: list[ForkedRank]) -> None:
@@ -171,22 +177,27 @@ def _read_back(logs: dict[int, Path]) -> str:
     return "".join(logs[rank].read_text() if logs[rank].exists() else "" for rank in sorted(logs))
 
 
-def run_as_nodes(per_node: list[list[str]], *, resume: str = "auto", entry: tuple[str, ...] = TRAINING) -> Run:
-    """``python -m training`` (or ``entry``) as a job of one rank per "node", node K with the overrides
-    ``per_node[K]`` after SMALL: the layout of a multi-node job, where each node has its own
-    checkpoint.local_dir. The ranks get the environment torchrun gives a worker (RANK, LOCAL_RANK 0, WORLD_SIZE,
-    LOCAL_WORLD_SIZE 1, the store's MASTER_ADDR and MASTER_PORT) without torchrun's agent processes, which would
-    only add a torch import each, and each is forked from a process that has imported the trainer already
-    (tests/preloaded_ranks.py). Their outputs are joined, rank 0's first."""
-    with _rank_logs(len(per_node)) as logs:
+def run_ranks(argvs: list[list[str]], *, cwd: Path = REPO) -> Run:
+    """A job of one rank per ``python *argv`` in ``argvs``, each with the environment torchrun gives a worker
+    (RANK, LOCAL_RANK 0, WORLD_SIZE, LOCAL_WORLD_SIZE 1, the store's MASTER_ADDR and MASTER_PORT) but without
+    torchrun's agent processes, which would only add a torch import each; each rank is forked from a process
+    that has imported the trainer already (tests/preloaded_ranks.py). Their outputs are joined, rank 0's first."""
+    with _rank_logs(len(argvs)) as logs:
         ranks: list[ForkedRank] = []
         try:
-            ranks = _start_nodes(per_node, resume, entry, logs)
+            ranks = _start_ranks(argvs, logs, cwd)
             codes = [rank.wait(timeout=RUN_TIMEOUT_S) for rank in ranks]
         finally:
             _kill_left(ranks)
         output = _read_back(logs)
     return Run(max(codes, key=abs), output)
+
+
+def run_as_nodes(per_node: list[list[str]], *, resume: str = "auto", entry: tuple[str, ...] = TRAINING) -> Run:
+    """``python -m training`` (or ``entry``) as a job of one rank per "node" (run_ranks), node K with the
+    overrides ``per_node[K]`` after SMALL: the layout of a multi-node job, where each node has its own
+    checkpoint.local_dir."""
+    return run_ranks(_trainer_argvs(per_node, resume, entry))
 
 
 def run_as_nodes_and_signal(per_node: list[list[str]], *, sig: int, after_step: int, resume: str = "auto",
@@ -196,7 +207,7 @@ def run_as_nodes_and_signal(per_node: list[list[str]], *, sig: int, after_step: 
     with _rank_logs(len(per_node)) as logs:
         ranks: list[ForkedRank] = []
         try:
-            ranks = _start_nodes(per_node, resume, entry, logs)
+            ranks = _start_ranks(_trainer_argvs(per_node, resume, entry), logs, REPO)
             _wait_for_step(logs[0], ranks[0], after_step)
             ranks[1].send_signal(sig)
             codes = [rank.wait(timeout=RUN_TIMEOUT_S) for rank in ranks]

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from preloaded_ranks import run_preloaded
 
 from training.bench_io import main, write_random_shards
 from training.shards import open_shards
@@ -50,11 +49,10 @@ STAGING = {  # --staging -> what the CPU run reports: the JSON's "staging", the 
 @pytest.mark.parametrize("staging", sorted(STAGING))
 def test_checkpoint_times_async_and_blocking_saves(tmp_path, staging):
     out = tmp_path / "ckpt.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "training.bench_io", "checkpoint", "--preset", "tiny", "--dir",
-         str(tmp_path / "ckpt"), "--repeats", "1", "--staging", staging, "--json", str(out)],
-        capture_output=True, text=True, timeout=300, cwd=REPO,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
+    result = run_preloaded(
+        ["-m", "training.bench_io", "checkpoint", "--preset", "tiny", "--dir", str(tmp_path / "ckpt"),
+         "--repeats", "1", "--staging", staging, "--json", str(out)],
+        timeout=300, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(out.read_text())

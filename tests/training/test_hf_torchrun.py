@@ -124,7 +124,7 @@ def test_the_export_command_writes_what_the_end_of_the_run_wrote(run, tmp_path):
     work, _, _, _ = run
     cmd = [sys.executable, "-m", "training.export", "--checkpoint", str(work / "train"), "--step", str(STEPS),
            "--out", str(tmp_path / "out"), "--max-shard-gb", "0.00003"]
-    proc = subprocess.run(cmd, cwd=REPO, env=env(), text=True, capture_output=True, timeout=RUN_TIMEOUT_S)
+    proc = run_preloaded(cmd[1:], cwd=REPO, env=env(), timeout=RUN_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout == f"{tmp_path / 'out'}\n"
     ours, at_end = read_safetensors_dir(tmp_path / "out"), read_safetensors_dir(work / "export")

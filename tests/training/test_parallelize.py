@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -15,6 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
+from torchrun_support import Run, run_ranks
 
 from training.errors import ConfigError
 from training.fp8 import Fp8Config, build_fp8_backend
@@ -277,32 +276,27 @@ TWO_RANK_SCRIPT = textwrap.dedent(
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory) -> subprocess.CompletedProcess:
-    """Real torchrun, 2 gloo ranks, running TWO_RANK_SCRIPT."""
+def two_ranks(tmp_path_factory) -> Run:
+    """2 gloo ranks running TWO_RANK_SCRIPT, started as torchrun's workers (torchrun_support.run_ranks)."""
     workdir = tmp_path_factory.mktemp("two-ranks")
     script = workdir / "two_ranks.py"
     script.write_text(TWO_RANK_SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=0",
-         "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:0", str(script)],
-        capture_output=True, text=True, timeout=300, env=env, cwd=workdir,
-    )
+    return run_ranks([[str(script)], [str(script)]], cwd=workdir)
 
 
 @pytest.mark.slow
 def test_two_ranks_shard_the_same_model_one_process_would_build(two_ranks):
     """Each rank holds half of every weight, and the gathered model is the one a single process builds from the
     same seed (each shard is drawn as its slice of the full tensor)."""
-    assert two_ranks.returncode == 0, two_ranks.stderr[-3000:]
+    assert two_ranks.returncode == 0, two_ranks.output[-3000:]
     for rank in (0, 1):
-        assert f"RANK {rank} WORLD 2 SAME_AS_ONE_PROCESS True LOCAL_ROWS 32" in two_ranks.stdout, two_ranks.stdout
+        assert f"RANK {rank} WORLD 2 SAME_AS_ONE_PROCESS True LOCAL_ROWS 32" in two_ranks.output, two_ranks.output
 
 
 @pytest.mark.slow
 def test_two_ranks_reduce_scatter_the_fused_loss_gradients_like_the_full_logits(two_ranks):
     """2 ranks with different batches: each rank's gradient shards, the output head's among them, are the
     full-logits path's after FSDP2's reduce-scatter."""
-    assert two_ranks.returncode == 0, two_ranks.stderr[-3000:]
+    assert two_ranks.returncode == 0, two_ranks.output[-3000:]
     for rank in (0, 1):
-        assert f"RANK {rank} FUSED_MATCHES True HEAD_SHARD_ROWS 160 OF 320" in two_ranks.stdout, two_ranks.stdout
+        assert f"RANK {rank} FUSED_MATCHES True HEAD_SHARD_ROWS 160 OF 320" in two_ranks.output, two_ranks.output
