@@ -136,7 +136,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_ranks(argvs: list[list[str]], logs: dict[int, Path], cwd: Path) -> list[ForkedRank]:
+def _start_ranks(argvs: list[list[str]], logs: dict[int, Path]) -> list[ForkedRank]:
     """Rank K runs ``python *argvs[K]``, forked from a process that has the trainer imported already
     (tests/preloaded_ranks.py), with torchrun's worker environment; its output goes to ``logs[K]``."""
     port = free_port()
@@ -144,7 +144,7 @@ def _start_ranks(argvs: list[list[str]], logs: dict[int, Path], cwd: Path) -> li
     for rank, argv in enumerate(argvs):
         worker_env = {**env(), "RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(len(argvs)),
                       "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        ranks.append(start_rank(argv, env=worker_env, cwd=cwd, log=logs[rank]))
+        ranks.append(start_rank(argv, env=worker_env, cwd=REPO, log=logs[rank]))
     return ranks
 
 
@@ -177,7 +177,7 @@ def _read_back(logs: dict[int, Path]) -> str:
     return "".join(logs[rank].read_text() if logs[rank].exists() else "" for rank in sorted(logs))
 
 
-def run_ranks(argvs: list[list[str]], *, cwd: Path = REPO) -> Run:
+def run_ranks(argvs: list[list[str]]) -> Run:
     """A job of one rank per ``python *argv`` in ``argvs``, each with the environment torchrun gives a worker
     (RANK, LOCAL_RANK 0, WORLD_SIZE, LOCAL_WORLD_SIZE 1, the store's MASTER_ADDR and MASTER_PORT) but without
     torchrun's agent processes, which would only add a torch import each; each rank is forked from a process
@@ -185,7 +185,7 @@ def run_ranks(argvs: list[list[str]], *, cwd: Path = REPO) -> Run:
     with _rank_logs(len(argvs)) as logs:
         ranks: list[ForkedRank] = []
         try:
-            ranks = _start_ranks(argvs, logs, cwd)
+            ranks = _start_ranks(argvs, logs)
             codes = [rank.wait(timeout=RUN_TIMEOUT_S) for rank in ranks]
         finally:
             _kill_left(ranks)
@@ -207,7 +207,7 @@ def run_as_nodes_and_signal(per_node: list[list[str]], *, sig: int, after_step: 
     with _rank_logs(len(per_node)) as logs:
         ranks: list[ForkedRank] = []
         try:
-            ranks = _start_ranks(_trainer_argvs(per_node, resume, entry), logs, REPO)
+            ranks = _start_ranks(_trainer_argvs(per_node, resume, entry), logs)
             _wait_for_step(logs[0], ranks[0], after_step)
             ranks[1].send_signal(sig)
             codes = [rank.wait(timeout=RUN_TIMEOUT_S) for rank in ranks]

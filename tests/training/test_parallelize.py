@@ -281,7 +281,7 @@ def two_ranks(tmp_path_factory) -> Run:
     workdir = tmp_path_factory.mktemp("two-ranks")
     script = workdir / "two_ranks.py"
     script.write_text(TWO_RANK_SCRIPT)
-    return run_ranks([[str(script)], [str(script)]], cwd=workdir)
+    return run_ranks([[str(script)], [str(script)]])
 
 
 @pytest.mark.slow
