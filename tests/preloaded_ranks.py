@@ -35,6 +35,8 @@ PRELOAD = ("training.train", "training.checkpoint.resume", "torch._dynamo")
 # reads at import, and the test that pytest is running. The rest of a rank's environment must be its zygote's.
 PER_RANK_VARIABLES = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                                 "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RESTART_COUNT", "PYTEST_CURRENT_TEST"})
+# A zygote that has not forked a requested rank by then is stuck in its imports: the test fails instead of hanging.
+START_TIMEOUT_S = 120.0
 
 
 class ForkedRank:
@@ -87,8 +89,15 @@ class _Zygote:
         request = {"argv": argv, "env": env, "cwd": str(cwd), "stdout": str(stdout), "stderr": str(stderr)}
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
+        deadline = time.monotonic() + START_TIMEOUT_S  # the zygote's imports come first
         while not self._started:
-            self.read_reports(timeout_s=120)  # the zygote's imports come first
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.proc.kill()
+                self.proc.wait()
+                raise RuntimeError(f"the rank zygote did not start a rank within {START_TIMEOUT_S} s (its preload: "
+                                   f"{' '.join(self.proc.args[2:]) or 'nothing'})")
+            self.read_reports(timeout_s=left)
         return ForkedRank(self, self._started.pop(0))
 
     def read_reports(self, timeout_s: float | None) -> None:
@@ -144,7 +153,7 @@ def run_preloaded(argv: list[str], *, env: dict[str, str], cwd: Path, timeout: f
                   preload: tuple[str, ...] = PRELOAD) -> subprocess.CompletedProcess:
     """``subprocess.run([sys.executable, *argv], capture_output=True, text=True, ...)`` with the process
     forked from a zygote (start_rank): for the tests whose subject is what a run computes, not its start.
-    ``merge_stderr``: stderr into stdout, as ``stderr=subprocess.STDOUT`` (the result's stderr is then "")."""
+    ``merge_stderr``: stderr into stdout, as ``stderr=subprocess.STDOUT`` (the result's stderr is then None)."""
     with tempfile.TemporaryDirectory() as tmp:
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
         rank = start_rank(argv, env=env, cwd=cwd, log=out, stderr=None if merge_stderr else err, preload=preload)
@@ -154,7 +163,7 @@ def run_preloaded(argv: list[str], *, env: dict[str, str], cwd: Path, timeout: f
             if rank.poll() is None:
                 rank.kill()
                 rank.wait()
-        stderr = "" if merge_stderr else err.read_text()
+        stderr = None if merge_stderr else err.read_text()
         return subprocess.CompletedProcess([sys.executable, *argv], code, out.read_text(), stderr)
 
 

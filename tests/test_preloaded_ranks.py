@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import preloaded_ranks
 import pytest
 from preloaded_ranks import run_preloaded, start_rank
 
@@ -95,3 +96,12 @@ def test_a_rank_is_waited_on_signalled_and_killed_like_a_subprocess(work):
 def test_the_zygote_refuses_to_fork_with_several_openblas_threads(work):
     with pytest.raises(RuntimeError, match="the rank zygote exited with 1"):
         start_rank(["report.py", "0"], env=env(OMP_NUM_THREADS="2"), cwd=work, log=work / "refused.log", preload=())
+
+
+def test_a_zygote_stuck_in_its_imports_fails_the_start_and_is_killed(work, monkeypatch):
+    (work / "stuck_import.py").write_text("import time\ntime.sleep(60)\n")
+    monkeypatch.setattr(preloaded_ranks, "START_TIMEOUT_S", 0.5)
+    with pytest.raises(RuntimeError, match=r"did not start a rank within 0.5 s \(its preload: stuck_import\)"):
+        start_rank(["report.py", "0"], env=env(), cwd=work, log=work / "stuck.log", preload=("stuck_import",))
+    (zygote,) = [z for z in preloaded_ranks._zygotes.values() if z.proc.args[2:] == ["stuck_import"]]
+    assert zygote.proc.poll() == -signal.SIGKILL

@@ -213,7 +213,7 @@ def test_invalid_parallel_config_names_the_field(field, value, message):
     assert str(excinfo.value) == message
 
 
-# One torchrun start (2 gloo ranks) for both checks below: each start costs seconds of CPU here.
+# One start of 2 gloo ranks (torchrun_support.run_ranks) for both checks below: each start costs seconds of CPU.
 TWO_RANK_SCRIPT = textwrap.dedent(
     """
     import gc
