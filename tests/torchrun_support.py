@@ -136,13 +136,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_ranks(argvs: list[list[str]], logs: dict[int, Path]) -> list[ForkedRank]:
+def _start_ranks(argvs: list[list[str]], logs: dict[int, Path],
+                 extra_env: dict[str, str] | None = None) -> list[ForkedRank]:
     """Rank K runs ``python *argvs[K]``, forked from a process that has the trainer imported already
-    (tests/preloaded_ranks.py), with torchrun's worker environment; its output goes to ``logs[K]``."""
+    (tests/preloaded_ranks.py), with torchrun's worker environment (and ``extra_env``); its output goes to
+    ``logs[K]``."""
     port = free_port()
     ranks = []
     for rank, argv in enumerate(argvs):
-        worker_env = {**env(), "RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(len(argvs)),
+        worker_env = {**env(**extra_env or {}), "RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(len(argvs)),
                       "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         ranks.append(start_rank(argv, env=worker_env, cwd=REPO, log=logs[rank]))
     return ranks
@@ -177,15 +179,16 @@ def _read_back(logs: dict[int, Path]) -> str:
     return "".join(logs[rank].read_text() if logs[rank].exists() else "" for rank in sorted(logs))
 
 
-def run_ranks(argvs: list[list[str]]) -> Run:
+def run_ranks(argvs: list[list[str]], *, extra_env: dict[str, str] | None = None) -> Run:
     """A job of one rank per ``python *argv`` in ``argvs``, each with the environment torchrun gives a worker
     (RANK, LOCAL_RANK 0, WORLD_SIZE, LOCAL_WORLD_SIZE 1, the store's MASTER_ADDR and MASTER_PORT) but without
     torchrun's agent processes, which would only add a torch import each; each rank is forked from a process
-    that has imported the trainer already (tests/preloaded_ranks.py). Their outputs are joined, rank 0's first."""
+    that has imported the trainer already (tests/preloaded_ranks.py). Their outputs are joined, rank 0's first.
+    `extra_env`: variables the ranks get on top of the test's environment."""
     with _rank_logs(len(argvs)) as logs:
         ranks: list[ForkedRank] = []
         try:
-            ranks = _start_ranks(argvs, logs)
+            ranks = _start_ranks(argvs, logs, extra_env)
             codes = [rank.wait(timeout=RUN_TIMEOUT_S) for rank in ranks]
         finally:
             _kill_left(ranks)
@@ -193,11 +196,12 @@ def run_ranks(argvs: list[list[str]]) -> Run:
     return Run(max(codes, key=abs), output)
 
 
-def run_as_nodes(per_node: list[list[str]], *, resume: str = "auto", entry: tuple[str, ...] = TRAINING) -> Run:
+def run_as_nodes(per_node: list[list[str]], *, resume: str = "auto", entry: tuple[str, ...] = TRAINING,
+                 extra_env: dict[str, str] | None = None) -> Run:
     """``python -m training`` (or ``entry``) as a job of one rank per "node" (run_ranks), node K with the
     overrides ``per_node[K]`` after SMALL: the layout of a multi-node job, where each node has its own
     checkpoint.local_dir."""
-    return run_ranks(_trainer_argvs(per_node, resume, entry))
+    return run_ranks(_trainer_argvs(per_node, resume, entry), extra_env=extra_env)
 
 
 def run_as_nodes_and_signal(per_node: list[list[str]], *, sig: int, after_step: int, resume: str = "auto",

@@ -26,7 +26,7 @@ from keeper_drill import (
     wait_for_attempt_2,
 )
 from local_cluster import STACK
-from torchrun_support import SMALL, torchrun
+from torchrun_support import SMALL, run_as_nodes
 
 from cluster_aws.errors import EXIT_FAILED, EXIT_OK
 
@@ -80,7 +80,8 @@ def test_a_lost_rendezvous_node_is_replaced_and_the_job_resumes_bit_exact(drill,
     checkpoint = drill.cluster.local_path(done.checkpoint_dir) / f"step-{resumed}"
     assert checkpoint.is_dir(), sorted(p.name for p in checkpoint.parent.iterdir())
     extra = [o for o in JOB_OVERRIDES if o not in SMALL] + [f"checkpoint.dir={tmp_path / 'straight'}"]
-    straight = torchrun(extra, resume=str(checkpoint))
+    # a reference run: its two ranks start without torchrun's agent (the drill's nodes ran torchrun)
+    straight = run_as_nodes([extra, extra], resume=str(checkpoint))
     assert straight.returncode == 0, straight.output[-3000:]
     assert after_restart == {s: v for s, v in straight.losses.items() if s > resumed}
     assert sorted(after_restart) == list(range(resumed + 1, STEPS + 1))

@@ -22,7 +22,7 @@ import pytest
 from aws_events import autoscaling_event, scheduled_event
 from keeper_drill import DRILL_TIMEOUT_S, JOB_OVERRIDES, losses, wait_for_attempt_2
 from local_cluster import machine_env
-from torchrun_support import SMALL, torchrun
+from torchrun_support import SMALL, run_as_nodes
 
 from cluster_jobs.timeline import NODE_PHASES, restart_seconds
 from node_bootstrap.jobs.attempt_log import attempt_part
@@ -49,9 +49,10 @@ def straight_losses(tmp_path_factory, drill_machine_tmp) -> dict[int, float]:
     """Rank 0's losses of the drills' job run straight through (2 ranks, the same config, no failure): both
     drills run the same job, so they compare with one straight run. It runs on the drills' machine: their
     nodes then compile warm, as on a machine that ran the job before (a cold compile on each node of a drill
-    would only repeat this one)."""
+    would only repeat this one). Its two ranks start without torchrun's agent (run_as_nodes): the run is the
+    reference, the drills' nodes run torchrun."""
     extra = [o for o in COMPILED_JOB if o not in SMALL] + [f"checkpoint.dir={tmp_path_factory.mktemp('straight')}"]
-    straight = torchrun(extra, resume="none", extra_env=machine_env(drill_machine_tmp))
+    straight = run_as_nodes([extra, extra], resume="none", extra_env=machine_env(drill_machine_tmp))
     assert straight.returncode == 0, straight.output[-3000:]
     assert sorted(straight.losses) == list(range(1, SPARE_STEPS + 1))
     return straight.losses
