@@ -120,8 +120,10 @@ def release_process_groups(*, destroy: bool) -> None:
         destroy_distributed()
     if dist.is_initialized():  # left up on purpose (a failed NCCL group): nothing of it can be freed
         return
-    # isinstance on some of torch's lazily imported objects warns (a FutureWarning from torch._library's fake
-    # script objects): the scan must print nothing after the CLI's last line ("config error: ...")
+    # The scan sees what the collector tracks: in python -m training, only what was built after its imports
+    # were frozen (gc.freeze), the meshes among it. isinstance on some of torch's lazily imported objects warns
+    # (a FutureWarning from torch._library's fake script objects): the scan must print nothing after the CLI's
+    # last line ("config error: ...")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         meshes = [obj for obj in gc.get_objects() if isinstance(obj, DeviceMesh)]
