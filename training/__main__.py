@@ -88,8 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         from training.checkpoint.resume import resume_with_fallback
         from training.train import train  # torch and the model load only after the config is valid
 
-        # What the imports built (torch's ~300k objects) lives as long as the process: out of the cycle
-        # collector's sight, no collection during training and no scan at the end walks it again.
+        # What the imports built (torch's ~250k objects) lives as long as the process: out of the cycle
+        # collector's sight, no full collection during training and no scan at the end walks it again.
         gc.freeze()
         resume = resume_with_fallback(args.resume, cfg.checkpoint.dir, args.resume_from_dir)
         result = train(cfg, resume=resume, local_resume=args.resume == "auto",
