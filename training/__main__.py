@@ -78,7 +78,10 @@ def _setup_logging() -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, freeze_imports: bool = False) -> int:
+    """The run. ``freeze_imports``: this process does nothing else (cli): what the imports built is frozen
+    before training (gc.freeze). A caller that goes on after main() (a test) leaves it off: what is alive when
+    the freeze comes is never collected."""
     args = build_parser().parse_args(argv)
     _setup_logging()
     try:
@@ -88,9 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         from training.checkpoint.resume import resume_with_fallback
         from training.train import train  # torch and the model load only after the config is valid
 
-        # What the imports built (torch's ~250k objects) lives as long as the process: out of the cycle
-        # collector's sight, no full collection during training and no scan at the end walks it again.
-        gc.freeze()
+        if freeze_imports:
+            # What the imports built (torch's ~250k objects) lives as long as the process: out of the cycle
+            # collector's sight, no full collection during training and no scan at the end walks it again.
+            gc.freeze()
         resume = resume_with_fallback(args.resume, cfg.checkpoint.dir, args.resume_from_dir)
         result = train(cfg, resume=resume, local_resume=args.resume == "auto",
                        overwrite_checkpoints=args.overwrite_checkpoints)
@@ -107,7 +111,7 @@ def cli(argv: list[str] | None = None) -> int:
     """The process's entry point: main(), then nothing of the run left running into the interpreter's
     shutdown, so the process exits with main's code (parallelize.release_process_groups says why)."""
     try:
-        code = main(argv)
+        code = main(argv, freeze_imports=True)
     except BaseException:  # exit 1, with the traceback Python prints after this
         _release(after_error=True)
         raise

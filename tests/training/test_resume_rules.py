@@ -4,6 +4,7 @@ issue's command lines, and the rules themselves (training/checkpoint/compat.py) 
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import shutil
@@ -51,6 +52,12 @@ def used(tmp_path_factory):
 @pytest.fixture()
 def ckpt(used, tmp_path):
     return shutil.copytree(used, tmp_path / "ckpt")
+
+
+def test_main_in_this_process_freezes_nothing(used):
+    # the freeze of what the imports built is cli()'s, for a process that only trains: a caller that goes on
+    # after main() (this test process, which ran it for `used`) keeps every object collectable
+    assert gc.get_freeze_count() == 0
 
 
 def test_a_resume_with_a_changed_model_shape_is_one_line_naming_the_fields(capsys, ckpt):

@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, freeze_imports: bool = False) -> int:
     args = build_parser().parse_args(argv)
     try:
         backends = _parse_backends(args.backends)
@@ -131,8 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    # as python -m training does: no collection walks the imports' objects during the timed steps
-    gc.freeze()
+    if freeze_imports:
+        # python -m training.bench, as python -m training: no collection in the timed steps walks what the
+        # imports built (a caller that goes on after main, a test, leaves it off)
+        gc.freeze()
     info = init_distributed()
     if info.world_size != 1:
         destroy_distributed()
