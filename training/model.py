@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import SDPBackend, _sdpa_kernel
 
 from training.config_sections import MODEL_PRESETS, ModelConfig  # noqa: F401  (re-export)
 from training.errors import ConfigError
@@ -35,15 +35,25 @@ SDPA_PRIORITIES = {
     "cudnn": [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH],
     "flash": [SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH],
 }
-_sdpa_backends = SDPA_PRIORITIES["cudnn"]
+DEFAULT_SDPA_PRIORITY = "cudnn"
+_sdpa_priority: str | None = None  # the order this process's attention uses, once a model or the bench set it
 
 
 def set_sdpa_priority(name: str) -> None:
-    """Prefer the ``name`` kernel (a key of SDPA_PRIORITIES) in every later forward."""
-    global _sdpa_backends
+    """Prefer the ``name`` kernel (a key of SDPA_PRIORITIES) in every later attention of this process.
+
+    The order is process state, set before any forward, rather than a ``sdpa_kernel`` block around each
+    attention call. Inside a compiled block, dynamo put that block's calls into the graph, and AOTAutograd's
+    cache refuses such a graph ("Unsupported call_function target _backend_from_string", torch 2.13): a warm
+    restart then traced and partitioned every block's forward and backward again, with only Inductor's kernels
+    from the cache. Set for the process, the order also holds where activation checkpointing recomputes a
+    block in the backward, and nothing of it is in the graph."""
+    global _sdpa_priority
     if name not in SDPA_PRIORITIES:
         raise ConfigError(f"sdpa priority {name!r}: allowed: {', '.join(SDPA_PRIORITIES)}")
-    _sdpa_backends = SDPA_PRIORITIES[name]
+    # what entering torch.nn.attention.sdpa_kernel(backends, set_priority=True) does, with no exit to undo it
+    _sdpa_kernel(SDPA_PRIORITIES[name], set_priority=True)
+    _sdpa_priority = name
 
 
 class RMSNorm(nn.Module):
@@ -121,8 +131,7 @@ class Attention(nn.Module):
         # eligible: enable_gqa rules some of them out and the math fallback would materialise T x T scores.
         # The copies cost 2 x B x T x dim activations per layer.
         k, v = _repeat_kv(k, self.n_heads // self.n_kv_heads), _repeat_kv(v, self.n_heads // self.n_kv_heads)
-        with sdpa_kernel(_sdpa_backends, set_priority=True):
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # in set_sdpa_priority's order
         return self.wo(out.transpose(1, 2).reshape(batch, seq_len, self.n_heads * self.head_dim))
 
 
@@ -172,6 +181,8 @@ class Transformer(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
+        if _sdpa_priority is None:
+            set_sdpa_priority(DEFAULT_SDPA_PRIORITY)
         self.cfg = cfg
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.layers = nn.ModuleList(TransformerBlock(i, cfg) for i in range(cfg.n_layers))

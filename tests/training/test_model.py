@@ -10,7 +10,9 @@ import torch.nn.functional as F
 
 from training.errors import ConfigError
 from training.model import (
+    DEFAULT_SDPA_PRIORITY,
     MODEL_PRESETS,
+    SDPA_PRIORITIES,
     ModelConfig,
     Transformer,
     apply_rope,
@@ -19,6 +21,7 @@ from training.model import (
     flops_per_token,
     num_params,
     rope_cos_sin,
+    set_sdpa_priority,
 )
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -176,3 +179,51 @@ def test_invalid_model_config_names_the_field(field, value, message):
 def test_odd_head_dim_is_rejected_for_rope():
     with pytest.raises(ConfigError, match=r"model.n_heads=4: .*even head_dim .*= 15\)"):
         ModelConfig(dim=60, n_heads=4, n_kv_heads=2).validate()
+
+
+def sdpa_order() -> list:
+    """This process's scaled_dot_product_attention backends, in priority order (torch's own reader)."""
+    from torch.nn.attention import _cur_sdpa_kernel_backends
+
+    return _cur_sdpa_kernel_backends(with_priority=True)
+
+
+def test_the_attention_order_is_the_processs_and_a_model_sets_the_default_only_when_none_is_set():
+    try:
+        set_sdpa_priority("flash")
+        Transformer(tiny())  # the bench sets its order before it builds: the model keeps it
+        assert sdpa_order()[:4] == SDPA_PRIORITIES["flash"]
+        set_sdpa_priority(DEFAULT_SDPA_PRIORITY)
+        assert sdpa_order()[:4] == SDPA_PRIORITIES["cudnn"]
+        with pytest.raises(ConfigError) as excinfo:
+            set_sdpa_priority("xformers")
+        assert str(excinfo.value) == "sdpa priority 'xformers': allowed: cudnn, flash"
+        assert sdpa_order()[:4] == SDPA_PRIORITIES["cudnn"]  # a refused name changes nothing
+    finally:
+        set_sdpa_priority(DEFAULT_SDPA_PRIORITY)
+
+
+def test_a_compiled_blocks_graph_is_one_aot_autograds_cache_keeps():
+    """A sdpa_kernel block inside the compiled region put its calls into the graph, and AOTAutograd's cache
+    bypassed it: a warm restart traced and partitioned every block's forward and backward again. The check is
+    the cache's own (check_cacheable raises BypassAOTAutogradCache), on the graph dynamo gives Inductor."""
+    from torch._functorch._aot_autograd.autograd_cache import check_cacheable
+
+    model = built(tiny())
+    graphs = []
+
+    def keep_graph(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    tokens = torch.randint(0, 256, (2, 16))
+    cos, sin = rope_cos_sin(16, model.cfg.head_dim, model.cfg.rope_theta, tokens.device, model.cfg)
+    torch._dynamo.reset()
+    try:
+        block = torch.compile(model.layers[0], backend=keep_graph, fullgraph=True)
+        block(model.tok_embeddings(tokens), cos, sin)
+    finally:
+        torch._dynamo.reset()
+    (graph,) = graphs
+    assert any(node.target is F.scaled_dot_product_attention for node in graph.graph.nodes)
+    check_cacheable(graph)
