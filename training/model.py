@@ -181,7 +181,7 @@ class Transformer(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        if _sdpa_priority is None:
+        if _sdpa_priority is None:  # the attention's kernel order is the process's: the default unless one was set
             set_sdpa_priority(DEFAULT_SDPA_PRIORITY)
         self.cfg = cfg
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)

@@ -188,7 +188,7 @@ def sdpa_order() -> list:
     return _cur_sdpa_kernel_backends(with_priority=True)
 
 
-def test_the_attention_order_is_the_processs_and_a_model_sets_the_default_only_when_none_is_set():
+def test_the_attention_order_is_set_for_the_process_and_a_model_sets_the_default_only_if_none_was():
     try:
         set_sdpa_priority("flash")
         Transformer(tiny())  # the bench sets its order before it builds: the model keeps it
