@@ -46,8 +46,8 @@ def set_sdpa_priority(name: str) -> None:
     attention call. Inside a compiled block, dynamo put that block's calls into the graph, and AOTAutograd's
     cache refuses such a graph ("Unsupported call_function target _backend_from_string", torch 2.13): a warm
     restart then traced and partitioned every block's forward and backward again, with only Inductor's kernels
-    from the cache. Set for the process, the order also holds where activation checkpointing recomputes a
-    block in the backward, and nothing of it is in the graph."""
+    from the cache. Set for the process, nothing of it is in the graph, and it still covers activation
+    checkpointing's recompute of a block in the backward, which a block around the root's forward would miss."""
     global _sdpa_priority
     if name not in SDPA_PRIORITIES:
         raise ConfigError(f"sdpa priority {name!r}: allowed: {', '.join(SDPA_PRIORITIES)}")
