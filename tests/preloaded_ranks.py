@@ -182,8 +182,11 @@ def _serve(preload: list[str]) -> dict | None:
         sys.exit("preloaded_ranks: OMP_NUM_THREADS must be 1 (OpenBLAS's threads make a fork unsafe)")
     import importlib
 
-    for name in preload:
-        importlib.import_module(name)
+    from training.startup import frozen_imports
+
+    with frozen_imports():  # as `python -m training` imports them: each rank's fork shares them frozen
+        for name in preload:
+            importlib.import_module(name)
     running: dict[int, int] = {}  # pidfd -> pid
     stdin = sys.stdin.fileno()
     pending = b""

@@ -12,7 +12,6 @@ could abort the exit (parallelize.release_process_groups).
 from __future__ import annotations
 
 import argparse
-import gc
 import logging
 import os
 import sys
@@ -20,6 +19,7 @@ import sys
 from training.config import packaged_config_names  # no torch: the config layer imports none
 from training.errors import ConfigError
 from training.help_text import HelpFormatter, examples
+from training.startup import frozen_imports
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -79,22 +79,19 @@ def _setup_logging() -> None:
 
 
 def main(argv: list[str] | None = None, *, freeze_imports: bool = False) -> int:
-    """The run. ``freeze_imports``: this process does nothing else (cli): what the imports built is frozen
-    before training (gc.freeze). A caller that goes on after main() (a test) leaves it off: what is alive when
-    the freeze comes is never collected."""
+    """The run. ``freeze_imports``: this process does nothing else (cli): the trainer's imports run without the
+    cycle collector and what they built is frozen before training (training/startup.py). A caller that goes on
+    after main() (a test) leaves it off: what is alive when the freeze comes is never collected."""
     args = build_parser().parse_args(argv)
     _setup_logging()
     try:
         from training.config import load_config
 
         cfg = load_config(args.config, args.overrides)
-        from training.checkpoint.resume import resume_with_fallback
-        from training.train import train  # torch and the model load only after the config is valid
+        with frozen_imports(freeze_imports):  # torch and the model load only after the config is valid
+            from training.checkpoint.resume import resume_with_fallback
+            from training.train import train
 
-        if freeze_imports:
-            # What the imports built (torch's ~250k objects) lives as long as the process: out of the cycle
-            # collector's sight, no full collection during training and no scan at the end walks it again.
-            gc.freeze()
         resume = resume_with_fallback(args.resume, cfg.checkpoint.dir, args.resume_from_dir)
         result = train(cfg, resume=resume, local_resume=args.resume == "auto",
                        overwrite_checkpoints=args.overwrite_checkpoints)

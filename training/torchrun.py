@@ -23,6 +23,8 @@ from __future__ import annotations
 import functools
 import sys
 
+from training.startup import frozen_imports
+
 EXIT_BARRIER_OPTION = "--exit-barrier-seconds"
 
 
@@ -36,10 +38,12 @@ def exit_barrier_seconds(argv: list[str]) -> tuple[int | None, list[str]]:
     return int(value), argv[2:]
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, *, freeze_imports: bool = False) -> None:
+    """``freeze_imports``: this process is the agent and nothing else (training/startup.py)."""
     bound_s, torchrun_args = exit_barrier_seconds(sys.argv[1:] if argv is None else argv)
-    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-    from torch.distributed.run import main as torchrun_main
+    with frozen_imports(freeze_imports):
+        from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+        from torch.distributed.run import main as torchrun_main
 
     if bound_s is not None:
         # torchrun's launcher builds the agent without this argument: the bound becomes its default
@@ -49,4 +53,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(freeze_imports=True)
