@@ -4,6 +4,7 @@ process creates (tests/botocore_models.py)."""
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 
 import pytest
@@ -11,6 +12,20 @@ from botocore_models import share_parsed_models
 from cdk_support import STACK_VARIANTS, SynthesizedStack
 
 share_parsed_models()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_collection(session):
+    """Collection imports every test module, and with them torch, moto and the CDK: objects that live as long as
+    the worker. The cycle collector is off meanwhile (~1 CPU-s a worker): each collection would walk the growing
+    heap and find nothing. It is back on for the tests (freezing that heap was measured slower: docs/benchmarks.md)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 @pytest.fixture(scope="session")

@@ -167,8 +167,9 @@ INDUCTOR_DIR_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 
 def machine_env(machine_tmp: Path) -> dict[str, str]:
-    """What a job on the drills' machine gets: its temporary directory (where Inductor builds its C++
-    precompiled header, once per machine) and one Inductor directory in it for every job."""
+    """What a job on the drills' machine gets: its temporary directory (where Inductor looks for its C++
+    precompiled header: the drills' machine shares the session's, tests/drills/conftest.py) and one Inductor
+    directory in it for every job."""
     return {"TMPDIR": str(machine_tmp), INDUCTOR_DIR_ENV: str(machine_tmp / "torchinductor-drills")}
 
 
