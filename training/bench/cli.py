@@ -5,7 +5,6 @@ and the exit code (0; 1 when a row failed; 2 for a bad flag or more than one ran
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import sys
 import time
@@ -114,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None, *, freeze_imports: bool = False) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         backends = _parse_backends(args.backends)
@@ -131,10 +130,6 @@ def main(argv: list[str] | None = None, *, freeze_imports: bool = False) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if freeze_imports:
-        # python -m training.bench, as python -m training: no collection in the timed steps walks what the
-        # imports built (a caller that goes on after main, a test, leaves it off)
-        gc.freeze()
     info = init_distributed()
     if info.world_size != 1:
         destroy_distributed()
