@@ -1,15 +1,18 @@
 """Shared fixtures for the CDK tests: synthesized stacks shared per session (synthesis runs a jsii process and
 takes seconds; every variant is synthesized once). And botocore's parsed models, shared by every session a test
-process creates (tests/botocore_models.py)."""
+process creates (tests/botocore_models.py). And Inductor's CPU ISA check, once per test process
+(tests/inductor_isa.py)."""
 
 from __future__ import annotations
 
 import gc
+import sys
 from collections.abc import Callable
 
 import pytest
 from botocore_models import share_parsed_models
 from cdk_support import STACK_VARIANTS, SynthesizedStack
+from inductor_isa import settle_vec_isa_check
 
 share_parsed_models()
 
@@ -26,6 +29,14 @@ def pytest_collection(session):
     finally:
         if was_enabled:
             gc.enable()
+
+
+def pytest_collection_finish(session):
+    """Inductor's CPU ISA check once in this test process, for every process the tests start
+    (tests/inductor_isa.py). Only where the collected tests imported torch: a run of the CDK tests alone has no
+    use for it."""
+    if "torch" in sys.modules:
+        settle_vec_isa_check()
 
 
 @pytest.fixture(scope="session")

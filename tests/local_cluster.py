@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+from inductor_isa import VEC_ISA_OK_ENV
 
 from cluster_constructs.jobs import PARAMETERS, build_job_script
 from node_bootstrap import jobs as node_jobs
@@ -168,9 +169,10 @@ INDUCTOR_DIR_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 def machine_env(machine_tmp: Path) -> dict[str, str]:
     """What a job on the drills' machine gets: its temporary directory (where Inductor looks for its C++
-    precompiled header: the drills' machine shares the session's, tests/drills/conftest.py) and one Inductor
-    directory in it for every job."""
-    return {"TMPDIR": str(machine_tmp), INDUCTOR_DIR_ENV: str(machine_tmp / "torchinductor-drills")}
+    precompiled header: the drills' machine shares the session's, tests/drills/conftest.py), one Inductor directory
+    in it for every job, and the test process's answer to Inductor's ISA check (tests/inductor_isa.py)."""
+    isa_check = {VEC_ISA_OK_ENV: os.environ[VEC_ISA_OK_ENV]} if VEC_ISA_OK_ENV in os.environ else {}
+    return {"TMPDIR": str(machine_tmp), INDUCTOR_DIR_ENV: str(machine_tmp / "torchinductor-drills"), **isa_check}
 
 
 @dataclass
@@ -184,9 +186,8 @@ class LocalCluster:
     max_job_restarts: int = 5  # the stack's MaxJobRestarts output (settings: jobKeeper.maxJobRestarts)
     spare_nodes: int = 0  # the stack's SpareNodes output: the group holds node_count + spare_nodes
     # The nodes are processes of one machine, and share its temporary directory (machine_env): by default the
-    # cluster's own; the drills share one per test session, which a straight run of the same job fills first
-    # (test_spare_drill.py), so a drill compiles warm, as a node whose job ran before does. A node that must
-    # start without Inductor's directory: empty_inductor_dir
+    # cluster's own; the drills share one per session, which a straight run of the same job fills first
+    # (test_spare_drill.py): a drill compiles warm, as a node whose job ran before does (or not: empty_inductor_dir)
     machine_tmp: Path | None = None
     nodes: dict[str, NodeRoot] = field(default_factory=dict)
     base_port: int = field(default_factory=free_port_block)
