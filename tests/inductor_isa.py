@@ -1,8 +1,8 @@
 """Inductor's CPU vector-ISA check, run once per test process instead of once in every process that compiles.
 
 Before its first C++ kernel, every process that compiles with Inductor on the CPU checks each vector ISA the CPU's
-flags advertise (here: AVX2, AVX-512, AVX-512 VNNI, AMX): it compiles a probe into the Inductor directory (g++, about
-2 CPU-s each in a cold directory) and loads it in a child Python (~0.3 s each, in every process, warm or cold). The
+flags advertise (here: AVX2, AVX-512, AVX-512 VNNI, AMX): it compiles a probe into the Inductor directory (g++,
+~1.5-2 CPU-s each in a cold directory) and loads it in a child Python (~0.3 CPU-s each, in every process). The
 suite starts a dozen such processes (the drills' nodes, the H100 dry run's benches, the compile-cache test's) over
 four cold Inductor directories.
 
