@@ -16,6 +16,9 @@ EXIT_STACK = 4  # the stack is not deployed in this region, or lacks an output c
 EXIT_ACCESS = 5  # access denied
 EXIT_ENDPOINT = 6  # no region, an invalid region, or the service endpoint cannot be reached
 
+# Both variables are read (cluster_aws.session.environment_region), in the AWS CLI's order.
+NO_REGION = "no AWS region: pass --region, or set AWS_REGION or AWS_DEFAULT_REGION"
+
 EXIT_CODES_HELP = (
     "exit codes: 0 ok; 1 refused or failed (e.g. nodes not ready, a node failed to start the job); "
     "2 invalid arguments; 3 no or invalid AWS credentials; 4 stack not deployed in the region; "
@@ -88,7 +91,7 @@ def describe_aws_error(error: Exception, region: str | None) -> ClusterctlError 
             f"AWS credentials could not be refreshed: {error} (run `aws sso login`)", EXIT_CREDENTIALS
         )
     if isinstance(error, botocore.exceptions.NoRegionError):
-        return ClusterctlError("no AWS region: pass --region or set AWS_REGION", EXIT_ENDPOINT)
+        return ClusterctlError(NO_REGION, EXIT_ENDPOINT)
     if isinstance(error, botocore.exceptions.InvalidRegionError):
         return ClusterctlError(f"invalid AWS region {error.kwargs.get('region_name')!r}", EXIT_ENDPOINT)
     if isinstance(error, botocore.exceptions.EndpointConnectionError):

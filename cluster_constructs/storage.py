@@ -12,12 +12,13 @@ The nodes get no S3 permission on either bucket: they reach data and checkpoints
 export is the file system's own doing (its service-linked role). The checkpoint bucket's policy says so: it
 denies every object write and delete to every principal but that role and the administrator role the user
 names (`checkpointAdminRoleArn`), because writing a checkpoint is running code on the nodes (a DCP `.metadata`
-is unpickled on resume; docs/security.md, "The checkpoint bucket's policy").
+is unpickled on resume; docs/security.md, "The checkpoint bucket's policy"); and it denies lifecycle,
+versioning, replication and policy changes to every principal but the stack's deployment and that role.
 """
 
 from __future__ import annotations
 
-from aws_cdk import Duration, RemovalPolicy, Stack
+from aws_cdk import DefaultStackSynthesizer, Duration, Fn, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_fsx as fsx
 from aws_cdk import aws_iam as iam
@@ -49,6 +50,17 @@ CHECKPOINT_WRITE_ACTIONS = (
     "s3:ReplicateObject",
     "s3:ReplicateDelete",
     "s3:ReplicateTags",
+)
+# Bucket settings that could expire or stop keeping every checkpoint version (a lifecycle rule, versioning
+# suspended, a replication rule) or lift the policy itself (issue 42): only the stack's deployment and the
+# admin role change them.
+CHECKPOINT_CONFIG_ACTIONS = (
+    "s3:PutLifecycleConfiguration",
+    "s3:PutBucketVersioning",
+    "s3:PutReplicationConfiguration",
+    "s3:PutBucketPolicy",
+    "s3:DeleteBucketPolicy",
+    "s3:PutBucketObjectLockConfiguration",
 )
 # FSx for Lustre reaches a linked bucket with a service-linked role of each file system, under this path (FSx for
 # Lustre User Guide, "Using service-linked roles": AWSServiceRoleForFSxS3Access_fs-01234567890; the AWS managed
@@ -135,6 +147,7 @@ class ClusterStorage(Construct):
         self.checkpoint_association.node.add_dependency(self.data_association)
         if isinstance(self.checkpoint_bucket, s3.Bucket):  # an imported bucket's policy is its owner's
             self.checkpoint_bucket.add_to_resource_policy(self._checkpoint_writers_only())
+            self.checkpoint_bucket.add_to_resource_policy(self._checkpoint_config_admins_only())
             # Kept with the retained bucket on `cdk destroy`: a retained bucket without it would take any
             # writer's checkpoints again, while the retained file system still exports to it.
             self.checkpoint_bucket.policy.apply_removal_policy(RemovalPolicy.RETAIN)
@@ -167,6 +180,33 @@ class ClusterStorage(Construct):
             resources=[self.checkpoint_bucket.arn_for_objects("*")],
             conditions={"ArnNotLike": {"aws:PrincipalArn": writers}},
         )
+
+    def _checkpoint_config_admins_only(self) -> iam.PolicyStatement:
+        """Deny lifecycle, versioning, replication and policy changes to every principal but the stack's
+        deployment (CloudFormation's execution role, which sets the lifecycle rule and this policy) and the
+        admin role: a principal with broad S3 rights could otherwise set a rule that expires every checkpoint
+        version. The same aws:PrincipalArn exception as the object deny. The account's root user can still
+        delete a bucket policy (S3's own lockout recovery)."""
+        admins = [self._deployment_role_arn()]
+        if self.settings.checkpoint_admin_role_arn:
+            admins.append(self.settings.checkpoint_admin_role_arn)
+        return iam.PolicyStatement(
+            sid="OnlyTheDeploymentAndTheAdminRoleReconfigure",
+            effect=iam.Effect.DENY,
+            principals=[iam.AnyPrincipal()],
+            actions=list(CHECKPOINT_CONFIG_ACTIONS),
+            resources=[self.checkpoint_bucket.bucket_arn],
+            conditions={"ArnNotLike": {"aws:PrincipalArn": admins}},
+        )
+
+    def _deployment_role_arn(self) -> str:
+        """The role CloudFormation deploys this stack with: the CDK bootstrap's execution role (default
+        synthesizer; its ARN carries ${AWS::Partition}, so it goes through Fn::Sub)."""
+        synthesizer = Stack.of(self).synthesizer
+        if not isinstance(synthesizer, DefaultStackSynthesizer):
+            raise ValueError(f"checkpoint bucket policy: synthesizer {type(synthesizer).__name__}: allowed: "
+                             "DefaultStackSynthesizer (its execution role is the one that may reconfigure the bucket)")
+        return Fn.sub(synthesizer.cloud_formation_execution_role_arn)
 
     def _bucket(self, construct_id: str, existing_name: str | None, *, noncurrent_version_days: int) -> s3.IBucket:
         if existing_name:

@@ -7,7 +7,9 @@
 - table.py: the job table in DynamoDB, its records and the one-job lock (conditional writes);
 - records.py: how a record changes (started, failed, cancelled, node answers copied in, cost so far);
 - ssm_commands.py: one command to many nodes through SSM Run Command, and the nodes' JSON answers;
-- node_states.py: a job as its nodes report it, and the job's overall state;
+- node_answer.py: the one parser, with its schema, of what a node answers (what a job printed is untrusted);
+- node_states.py: a job as its nodes report it (through node_answer), and the job's overall state;
+- record_schema.py: a record read back from the table, each value checked against its field's type;
 - document.py: the stack's jobs document: start a job on its nodes, find it in SSM's history, ask or stop it;
 - cost.py: what nodes cost over time, from the instance catalog's on-demand prices.
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from cluster_jobs import node_answer
 from cluster_jobs.ssm_commands import Invocation
+from cluster_jobs.table import NodeReport
 from node_bootstrap import job_contract
 
 GONE = "gone"  # the node that ran the job is terminated (replaced): nothing is left to ask
@@ -42,36 +44,22 @@ class NodeJobState:
     # the restart timeline on the node (its supervisor's start and the trainer's phases: cluster_jobs/timeline.py)
     phases: dict[str, str] | None = None
 
+    # what the answer held outside cluster_jobs/node_answer.py's schema, dropped: a warning each, never the value
+    dropped: tuple[str, ...] = ()
+
     @classmethod
     def from_invocation(cls, invocation: Invocation) -> NodeJobState:
+        """The node's answer through the one parser (cluster_jobs/node_answer.py): what a job printed reaches
+        this side only as values that fit the schema."""
         payload = invocation.payload or {}
         state = payload.get("state")
-        if state in job_contract.STATES:
-            return cls(
-                invocation.instance_id,
-                str(state),
-                payload.get("exitCode"),
-                payload.get("lastStep"),
-                payload.get("lastLoss"),
-                payload.get("startedAt"),
-                payload.get("endedAt"),
-                payload.get("cancel") or payload.get("error"),
-                nccl_network=payload.get("ncclNetwork"),
-                nccl_provider=payload.get("ncclProvider"),
-                module=payload.get("module"),
-                busbw_gbps=payload.get("busbwGbps"),
-                busbw_size_bytes=payload.get("busbwSizeBytes"),
-                attempt=payload.get("attempt"),
-                resumed_from_step=payload.get("resumedFromStep"),
-                resumed_from_tier=payload.get("resumedFromTier"),
-                compile_cache=_compile_cache(payload.get("compileCache")),
-                last_val_loss=payload.get("lastValLoss"),
-                last_val_step=payload.get("lastValStep"),
-                phases=payload.get("phases") if isinstance(payload.get("phases"), dict) else None,
-            )
+        if isinstance(state, str) and state in job_contract.STATES:
+            fields, dropped = node_answer.parse_payload(payload)
+            return cls(invocation.instance_id, state, **fields, dropped=tuple(dropped))
+        error = node_answer.node_error(invocation.error)
         if invocation.response_code == job_contract.EXIT_NOT_FOUND:
-            return cls(invocation.instance_id, "not-found", None, None, None, None, None, invocation.error)
-        return cls(invocation.instance_id, "unknown", None, None, None, None, None, invocation.error)
+            return cls(invocation.instance_id, "not-found", None, None, None, None, None, error)
+        return cls(invocation.instance_id, "unknown", None, None, None, None, None, error)
 
     @classmethod
     def gone(cls, instance_id: str, why: str) -> NodeJobState:
@@ -92,6 +80,12 @@ class NodeJobState:
             return True
         provider = self.nccl_provider or ""
         return self.nccl_network == "Libfabric" and provider != "" and not provider.startswith("efa")
+
+    def report(self) -> NodeReport:
+        """What the job record keeps of this answer (its current attempt's node reports)."""
+        return NodeReport(instance_id=self.instance_id, state=self.state, exit_code=self.exit_code,
+                          last_step=self.last_step, started_at=self.started_at, ended_at=self.ended_at,
+                          detail=self.detail, compile_cache=self.compile_cache, dropped=list(self.dropped))
 
 
 def is_commcheck(states: Sequence[NodeJobState]) -> bool:
@@ -126,8 +120,3 @@ def nodes_on_tcp(states: Sequence[NodeJobState]) -> list[str]:
     if len(job_nodes) < 2:
         return []
     return [s.instance_id for s in job_nodes if s.nccl_over_tcp]
-
-
-def _compile_cache(value: object) -> str | None:
-    """A node's compile-cache state as the contract names it; anything else (an older node: none) is unknown."""
-    return value if isinstance(value, str) and value in job_contract.COMPILE_CACHE_STATES else None

@@ -107,16 +107,8 @@ def new_record(
 
 
 def node_report(state: NodeJobState) -> NodeReport:
-    return NodeReport(
-        instance_id=state.instance_id,
-        state=state.state,
-        exit_code=state.exit_code,
-        last_step=state.last_step,
-        started_at=state.started_at,
-        ended_at=state.ended_at,
-        detail=state.detail,
-        compile_cache=state.compile_cache,
-    )
+    """What the record keeps of a node's answer, parsed already (cluster_jobs/node_answer.py)."""
+    return state.report()
 
 
 def with_node_answers(record: JobRecord, states: Sequence[NodeJobState]) -> JobRecord | None:

@@ -58,7 +58,7 @@ class Invocation:
         for line in reversed(self.stdout.strip().splitlines()):
             try:
                 value = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth (a job's output)
                 continue
             return value if isinstance(value, dict) else None
         return None

@@ -24,6 +24,7 @@ import botocore.exceptions
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 
 from cluster_aws.errors import ClusterctlError
+from cluster_jobs import record_schema
 
 LOCK_KEY = "cluster#active-job"  # never a job id (node_bootstrap.jobs.JOB_ID_RE)
 ACTIVE_STATES = ("starting", "running", "restarting")
@@ -57,6 +58,8 @@ class NodeReport:
     ended_at: str | None = None
     detail: str | None = None
     compile_cache: str | None = None  # with torch.compile: "snapshot" (a warm compile) or "cold"; None: unknown
+    # what the node's answer held outside cluster_jobs/node_answer.py's schema, dropped: one warning each
+    dropped: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -101,6 +104,9 @@ class JobRecord:
     cancel_requested_by: str | None = None  # "clusterctl cancel" or "capacity block end"
     fp8_backend: str | None = None  # the trainer's fp8.backend; None: not known here (a commcheck, a node config)
     version: int = 0  # optimistic concurrency: every put is conditional on the version read
+    # stored values that did not fit their field when this record was read (cluster_jobs/record_schema.py),
+    # dropped: shown by status and jobs, never written back (the next save writes the record clean)
+    dropped_on_read: list[str] = field(default_factory=list, compare=False)
 
     @property
     def attempt(self) -> int:
@@ -147,6 +153,10 @@ class JobAlreadyActive(JobTableError):
         )
 
 
+class UnreadableRecord(JobTableError):
+    """A job item whose required fields do not fit the record (record_schema.UnreadableRecord's line)."""
+
+
 class StaleRecord(JobTableError):
     """Someone else wrote the job since it was read: read it again and decide anew."""
 
@@ -156,22 +166,40 @@ class StaleRecord(JobTableError):
 
 def _to_item(record: JobRecord) -> dict[str, Any]:
     data = dataclasses.asdict(record)
+    data.pop("dropped_on_read")
     data["pk"] = record.job_id
     plain = {key: value for key, value in _camel(data).items() if value is not None}
     return {key: _SERIALIZER.serialize(value) for key, value in _drop_none(plain).items()}
 
 
 def _from_item(item: dict[str, Any]) -> JobRecord:
-    data = _numbers({key: _DESERIALIZER.deserialize(value) for key, value in item.items()})
-    data.pop("pk", None)
-    data = _snake(data)
-    attempts = []
-    for raw in data.pop("attempts", []):
-        reports = [NodeReport(**report) for report in raw.pop("node_reports", [])]
-        attempt_fields = {f.name for f in dataclasses.fields(Attempt)}  # a newer writer's fields are skipped
-        attempts.append(Attempt(**{k: v for k, v in raw.items() if k in attempt_fields}, node_reports=reports))
-    known = {f.name for f in dataclasses.fields(JobRecord)}
-    return JobRecord(**{k: v for k, v in data.items() if k in known}, attempts=attempts)
+    """The record through record_schema: a stored value that does not fit its field is dropped and named in
+    dropped_on_read; UnreadableRecord when a required one does not fit."""
+    data = _snake(_numbers({key: _DESERIALIZER.deserialize(value) for key, value in item.items()}))
+    job_id = str(data.pop("pk", "?"))
+    dropped: list[str] = []
+    try:
+        attempts = []
+        for n, raw in enumerate(_items(data.pop("attempts", []), "attempts")):
+            reports = []
+            for i, report in enumerate(_items(raw.pop("node_reports", []), f"attempts[{n}].node_reports")):
+                try:
+                    reports.append(record_schema.build(NodeReport, report, f"attempts[{n}].node_reports[{i}].",
+                                                       dropped))
+                except record_schema.UnreadableRecord as e:  # a node's report is for people only: left out
+                    dropped.append(f"{e}: the report dropped")
+            attempts.append(record_schema.build(Attempt, {**raw, "node_reports": reports}, f"attempts[{n}].",
+                                                dropped))
+        record = record_schema.build(JobRecord, {**data, "attempts": attempts}, "", dropped)
+    except record_schema.UnreadableRecord as e:
+        raise UnreadableRecord(f"job {job_id}: its record in the job table cannot be read: {e}") from None
+    return dataclasses.replace(record, dropped_on_read=dropped) if dropped else record
+
+
+def _items(value: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise record_schema.UnreadableRecord(f"{where}: {record_schema.describe(value)}, not a list of maps")
+    return value
 
 
 def _camel_name(name: str) -> str:
@@ -231,6 +259,7 @@ class JobTable:
     def __init__(self, dynamodb: Any, table_name: str) -> None:
         self.dynamodb = dynamodb
         self.table_name = table_name
+        self.unreadable: list[str] = []  # the last jobs()'s items that could not be read, one line each
 
     def create(self, record: JobRecord) -> JobRecord:
         """Writes a new job and takes the lock, both or neither; JobAlreadyActive names the job holding it."""
@@ -276,10 +305,18 @@ class JobTable:
 
     def jobs(self) -> Iterator[JobRecord]:
         """Every job, newest first: by the time it was recorded, then its id (a submit's id starts with its
-        time; an export's, <job>-hf-xxxx, with its source's)."""
+        time; an export's, <job>-hf-xxxx, with its source's). An item that cannot be read is left out and
+        described in `unreadable`, so one bad record never hides the others."""
         records = []
+        self.unreadable = []
         for page in self.dynamodb.get_paginator("scan").paginate(TableName=self.table_name, ConsistentRead=True):
-            records += [_from_item(item) for item in page.get("Items", []) if item["pk"]["S"] != LOCK_KEY]
+            for item in page.get("Items", []):
+                if item["pk"].get("S") == LOCK_KEY:
+                    continue
+                try:
+                    records.append(_from_item(item))
+                except UnreadableRecord as e:  # one bad item does not hide the others: listed apart
+                    self.unreadable.append(str(e))
         return iter(sorted(records, key=lambda r: (r.created_at, r.job_id), reverse=True))
 
     def save(self, record: JobRecord, now: datetime.datetime) -> JobRecord:

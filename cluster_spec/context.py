@@ -22,6 +22,7 @@ from cluster_spec.settings import (
     LOG_RETENTION_DAYS,
     MAX_JOB_RESTARTS,
     MAX_NODE_COUNT,
+    MAX_SPARE_NODES,
     METRICS_INTERVALS_SECONDS,
     MIN_HEALTH_CHECK_INTERVAL_SECONDS,
     BootstrapSettings,
@@ -225,7 +226,7 @@ def _compute_settings(context: Callable[[str], Any]) -> ComputeSettings:
             "must be an SSM parameter name such as /aws/service/deeplearning/ami/x86_64/.../latest/ami-id",
         )
     node_count = integer("nodeCount", context("nodeCount"), minimum=1, maximum=MAX_NODE_COUNT)
-    spare_nodes = integer("spareNodes", context("spareNodes"), minimum=0, maximum=64)
+    spare_nodes = integer("spareNodes", context("spareNodes"), minimum=0, maximum=MAX_SPARE_NODES)
     if node_count + spare_nodes > MAX_NODE_COUNT:
         raise invalid("spareNodes", spare_nodes,
                       f"nodeCount + spareNodes must be <= {MAX_NODE_COUNT} (nodeCount={node_count})")

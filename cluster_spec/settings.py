@@ -25,6 +25,9 @@ FSX_THROUGHPUTS_MBPS_PER_TIB = (125, 250, 500, 1000)
 # The most nodes one cluster holds (nodeCount + spareNodes): synthesis refuses more, and `clusterctl plan` never
 # proposes more.
 MAX_NODE_COUNT = 256
+# The most hot spares (spareNodes) a group holds beside the job's nodes: synthesis refuses more, and so does
+# `clusterctl cost --spare-nodes`.
+MAX_SPARE_NODES = 64
 
 
 # How often the nodes sample GPU, EFA, CPU, memory and disk metrics. Below 60 s the CloudWatch agent publishes

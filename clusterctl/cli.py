@@ -22,6 +22,7 @@ from clusterctl.capacity import commands as capacity_commands
 from clusterctl.capacity import cost_command
 from clusterctl.jobs import commands as job_commands
 from clusterctl.plan import command as plan_command
+from clusterctl.render import terminal_safe
 from clusterctl.runtime import Runtime
 from clusterctl.watch import command as watch_command
 from instance_catalog.instance_types import UnknownInstanceType
@@ -128,7 +129,8 @@ def main(argv: Sequence[str] | None = None, runtime: Runtime | None = None) -> i
             )
         if args.debug:
             traceback.print_exc(file=runtime.err)
-        print(f"clusterctl: error: {one_line(message)}", file=runtime.err)  # one line, whatever it says
+        # one line, whatever it says, and no escape sequence obeyed (a record's or a node's text may be in it)
+        print(f"clusterctl: error: {terminal_safe(one_line(message))}", file=runtime.err)
         return code
 
 

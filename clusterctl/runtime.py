@@ -16,6 +16,7 @@ from cluster_aws.errors import EXIT_STACK, ClusterctlError
 from cluster_aws.session import AwsContext
 from cluster_aws.stack_outputs import JOB_TABLE_OUTPUT, StackOutputs, read_stack_outputs
 from cluster_jobs.table import JobTable
+from clusterctl.render import terminal_safe
 
 
 @dataclass
@@ -32,13 +33,14 @@ class Runtime:
 
 
 def say(runtime: Runtime, text: str) -> None:
-    """A line of the command's answer, on stdout."""
-    print(text, file=runtime.out, flush=True)
+    """A line of the command's answer, on stdout; control characters as escapes (render.terminal_safe): a
+    line may hold what a job printed."""
+    print(terminal_safe(text), file=runtime.out, flush=True)
 
 
 def note(runtime: Runtime, text: str) -> None:
     """A line about the answer (what was left alone, and why), on stderr, so that --json output stays JSON."""
-    print(f"clusterctl: note: {text}", file=runtime.err, flush=True)
+    print(f"clusterctl: note: {terminal_safe(text)}", file=runtime.err, flush=True)
 
 
 def stack_outputs(args: argparse.Namespace, runtime: Runtime) -> StackOutputs:

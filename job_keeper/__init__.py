@@ -3,6 +3,7 @@
 
 - keeper.py: one reconcile round: read the job table, the group and the nodes' answers, and act on the
   difference (a lost or hung node: stop the survivors, wait for full strength, start the next attempt);
+- settings.py: what a round is given (the stack's names, the clients, its trigger) and what it returns;
 - handler.py: the Lambda entry point (job_keeper.handler.handler), which builds the keeper from its environment.
 
 May import: cluster_jobs and cluster_aws (and, through them, node_bootstrap's job contract). Its Lambda asset

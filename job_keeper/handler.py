@@ -62,4 +62,12 @@ def handler(event: Mapping[str, Any], context: Any = None, *, keeper: Keeper | N
     result = {"trigger": trigger.kind, "triggerDetail": trigger.detail, "jobId": outcome.job_id,
               "action": outcome.action, "state": outcome.state, "detail": outcome.detail}
     print(json.dumps(result, sort_keys=True), flush=True)  # one line per round in the function's log group
+    if outcome.action == "error":
+        # After the result line: the invocation fails, so the function's Errors metric counts it and
+        # JobKeeperErrorsAlarm fires when a record keeps failing (cluster_constructs/observability.py).
+        raise RoundFailed(f"job keeper: job {outcome.job_id}: {outcome.detail}")
     return result
+
+
+class RoundFailed(RuntimeError):
+    """A round that could not read or save a job's record (Keeper._cannot_handle logged which and why)."""

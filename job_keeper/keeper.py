@@ -27,6 +27,9 @@ survivors and starts the next attempt when enough nodes are ready):
 
 Every state change is one conditional write; a write that loses a race (StaleRecord) ends the round, and
 the next round (the one-minute schedule, or the next Auto Scaling event) decides again from what is there.
+What the nodes answer reaches the record only through cluster_jobs/node_answer.py's schema, and a record is
+read through cluster_jobs/record_schema.py's; a record the round still cannot read or save ends the round
+with an "error" outcome, logged with its job (handler.py then fails the invocation, which alarms).
 """
 
 from __future__ import annotations
@@ -37,8 +40,6 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
 
 import botocore.exceptions
 
@@ -53,11 +54,12 @@ from cluster_jobs.table import (
     Attempt,
     JobRecord,
     JobTable,
-    NodeReport,
     StaleRecord,
+    UnreadableRecord,
     utc_now_text,
 )
 from cluster_jobs.timeline import phase_text, with_node_phases
+from job_keeper.settings import MANUAL, Clients, KeeperSettings, Outcome, Trigger
 
 LOG = logging.getLogger("job_keeper.keeper")
 
@@ -67,69 +69,6 @@ WARNING_BEFORE_END = datetime.timedelta(minutes=40)
 CAPACITY_BLOCK = "capacity-block"
 CANCELLED_BY_BLOCK_END = "capacity block end"
 NO_ANSWER = ("unknown",)  # an SSM hiccup is not a fault: the next round asks again
-
-
-@dataclass(frozen=True)
-class KeeperSettings:
-    """What the keeper needs to know about its stack (the Lambda function's environment)."""
-
-    table_name: str
-    document_name: str
-    group_name: str
-    alarm_topic_arn: str
-    stack_name: str
-    instance_type: str
-    capacity_mode: str
-    capacity_reservation_id: str = ""
-
-    ENVIRONMENT = {
-        "table_name": "JOB_TABLE_NAME",
-        "document_name": "JOB_DOCUMENT_NAME",
-        "group_name": "AUTO_SCALING_GROUP_NAME",
-        "alarm_topic_arn": "ALARM_TOPIC_ARN",
-        "stack_name": "STACK_NAME",
-        "instance_type": "INSTANCE_TYPE",
-        "capacity_mode": "CAPACITY_MODE",
-        "capacity_reservation_id": "CAPACITY_RESERVATION_ID",
-    }
-
-    @classmethod
-    def from_environment(cls, environ: Mapping[str, str]) -> KeeperSettings:
-        optional = {"capacity_reservation_id"}
-        missing = [
-            name for field, name in cls.ENVIRONMENT.items() if field not in optional and not environ.get(name)
-        ]
-        if missing:
-            raise ValueError(f"the job keeper's environment lacks {', '.join(missing)} (set by the stack)")
-        return cls(**{field: environ.get(name, "") for field, name in cls.ENVIRONMENT.items()})
-
-
-@dataclass(frozen=True)
-class Trigger:
-    """Why this round runs: the schedule, an Auto Scaling event, or a Capacity Block expiration warning."""
-
-    kind: str  # schedule | autoscaling | capacity-block-expiring | manual
-    detail: str = ""  # the instance of an Auto Scaling event; the reservation of an expiration warning
-    block_end: str = ""  # the expiration warning's end date, as EC2 sent it
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What one round did, for the function's log and the tests."""
-
-    job_id: str | None
-    action: str  # idle | observed | restarting | waiting | started | succeeded | failed | cancelled | ...
-    state: str | None
-    detail: str = ""
-
-
-@dataclass
-class Clients:
-    dynamodb: Any
-    ssm: Any
-    ec2: Any
-    autoscaling: Any
-    sns: Any
 
 
 class Keeper:
@@ -148,13 +87,16 @@ class Keeper:
         self._now = now
         self._sleep = sleep
         self._clock = clock
-        self._trigger = Trigger("manual")  # this round's: what saw a fault it finds (the restart timeline)
+        self._trigger = MANUAL  # this round's: what saw a fault it finds (the restart timeline)
 
     # --- the round ---------------------------------------------------------------------------------------
 
-    def reconcile(self, trigger: Trigger = Trigger("manual")) -> Outcome:
+    def reconcile(self, trigger: Trigger = MANUAL) -> Outcome:
         self._trigger = trigger
-        record = self.table.active()
+        try:
+            record = self.table.active()
+        except UnreadableRecord as e:
+            return self._cannot_handle(self.table.active_job_id(), e)
         if record is None:
             return Outcome(None, "idle", None, "no active job")
         if record.state in FINAL_STATES:  # a final write whose lock was left behind (older clusterctl)
@@ -169,6 +111,16 @@ class Keeper:
             return self._watch(record)
         except StaleRecord as e:
             return Outcome(record.job_id, "raced", record.state, str(e))
+        except (botocore.exceptions.ClientError, TypeError, ValueError) as e:  # DynamoDB refused this record
+            return self._cannot_handle(record.job_id, e)
+
+    def _cannot_handle(self, job_id: str | None, error: Exception) -> Outcome:
+        """A record this round cannot read or save (issue 42): logged with its job, and an "error" outcome,
+        which the handler turns into a failed invocation after the round's result line (the function's Errors
+        metric, which JobKeeperErrorsAlarm watches). The next round reads the record afresh."""
+        line = (f"{type(error).__name__}: {error}".splitlines() or [""])[0][:500]
+        LOG.error("job %s: this round cannot handle its record: %s", job_id, line)
+        return Outcome(job_id, "error", None, line)
 
     # --- starting / running ------------------------------------------------------------------------------
 
@@ -358,8 +310,7 @@ class Keeper:
     def _with_reports(self, record: JobRecord, states: Sequence[NodeJobState]) -> JobRecord:
         attempt = record.current
         assert attempt is not None
-        reports = [NodeReport(s.instance_id, s.state, s.exit_code, s.last_step, s.started_at, s.ended_at,
-                              s.detail, s.compile_cache) for s in states]
+        reports = [s.report() for s in states]  # parsed answers (cluster_jobs/node_answer.py) only
         steps = [s.last_step for s in states if isinstance(s.last_step, int)]
         reached = max([*steps, attempt.step_reached or 0]) if steps or attempt.step_reached else None
         resumed = next((s for s in states if s.resumed_from_step is not None), None)

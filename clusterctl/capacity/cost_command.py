@@ -13,7 +13,8 @@ from cluster_jobs.cost import CostEstimate, cost_so_far, estimate_cost
 from cluster_jobs.document import find_job
 from cluster_jobs.request import validate_job_id
 from cluster_jobs.table import JobTable
-from clusterctl.arguments import AddCommand, instance_type, non_negative_hours, non_negative_int, positive_int
+from cluster_spec.settings import MAX_SPARE_NODES
+from clusterctl.arguments import AddCommand, instance_type, non_negative_hours, positive_int
 from clusterctl.capacity import pricing
 from clusterctl.capacity.regions import regional_client
 from clusterctl.render import format_time, format_usd, to_json
@@ -128,6 +129,18 @@ def _print_cost(args: argparse.Namespace, runtime: Runtime, estimate: CostEstima
     say(runtime, f"estimate at {price_source}; Capacity Blocks are priced by their upfront fee")
 
 
+def spare_nodes(text: str) -> int:
+    """--spare-nodes: what the stack's spareNodes takes (cluster_spec.settings.MAX_SPARE_NODES), no more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_SPARE_NODES:
+        raise argparse.ArgumentTypeError(f"{text}: allowed: an integer 0 to {MAX_SPARE_NODES} (the stack's "
+                                         "spareNodes)")
+    return value
+
+
 def add_parsers(add: AddCommand) -> None:
     """`cost`."""
     cost_parser = add(
@@ -142,9 +155,9 @@ def add_parsers(add: AddCommand) -> None:
                              help="nodes of the plan (no default: needed without --job)")
     cost_parser.add_argument("--hours", type=non_negative_hours,
                              help="hours of the plan, a number >= 0 (no default: needed without --job)")
-    cost_parser.add_argument("--spare-nodes", type=non_negative_int, default=0, metavar="N",
-                             help="hot spares beside the plan's nodes (spareNodes; a --job takes the stack's; "
-                             "default 0)")
+    cost_parser.add_argument("--spare-nodes", type=spare_nodes, default=0, metavar="N",
+                             help=f"hot spares beside the plan's nodes, 0 to {MAX_SPARE_NODES} as the stack's "
+                             "spareNodes takes (a --job takes the stack's; default 0)")
     cost_parser.add_argument(
         "--job",
         metavar="JOB",

@@ -66,7 +66,9 @@ def capacity_prices(args: argparse.Namespace, runtime: Runtime) -> int:
     assert runtime.context is not None
     context = runtime.context
     if not args.regions and not context.region:
-        raise ClusterctlError("no AWS region: pass --regions (or --region, or set AWS_REGION)", EXIT_ENDPOINT)
+        raise ClusterctlError(
+            "no AWS region: pass --regions (or --region, or set AWS_REGION or AWS_DEFAULT_REGION)", EXIT_ENDPOINT
+        )
     regions = parse_regions(args.regions or context.region)
     now = runtime.now()
     spot = across_regions(

@@ -11,11 +11,11 @@ from cluster_jobs import records as job_records
 from cluster_jobs.export import CHECKPOINT_BUCKET_OUTPUT, export_place
 from cluster_jobs.node_states import NodeJobState, nodes_on_tcp, overall_state
 from cluster_jobs.request import validate_job_id
-from cluster_jobs.table import ACTIVE_STATES
+from cluster_jobs.table import ACTIVE_STATES, UnreadableRecord
 from clusterctl.jobs import view as job_view
 from clusterctl.jobs.answers import ask, copy_answers, print_states, query_from_history
 from clusterctl.render import format_table, format_usd, to_json
-from clusterctl.runtime import Runtime, job_table, require_job_table, say, stack_outputs
+from clusterctl.runtime import Runtime, job_table, note, require_job_table, say, stack_outputs
 
 
 def jobs_list(args: argparse.Namespace, runtime: Runtime) -> int:
@@ -24,15 +24,21 @@ def jobs_list(args: argparse.Namespace, runtime: Runtime) -> int:
     now = runtime.now()
     every = list(table.jobs())
     records = every[: args.limit]
-    holder = table.active()
+    try:
+        holder = table.active()
+    except UnreadableRecord:  # listed among the unreadable: the lock's holder is not shown as active
+        holder = None
     active = holder if holder is not None and holder.state in ACTIVE_STATES else None
     if args.json:
         say(runtime, to_json({
             "jobTable": table.table_name,
             "activeJobId": active.job_id if active else None,
             "jobs": [job_view.record_json(r, now) for r in records],
+            "unreadable": table.unreadable,  # items left out, one line each (cluster_jobs/record_schema.py)
         }))
         return EXIT_OK
+    for line in table.unreadable:
+        note(runtime, f"left out: {line}")
     if not records:
         say(runtime, f"no jobs in the job table {table.table_name} yet")
         return EXIT_OK

@@ -74,6 +74,8 @@ def format_record(record: JobRecord, checkpoint_bucket: str | None = None, nodes
     ))
     lines += [f"attempt {a.number} nodes: {', '.join(a.nodes)}" for a in record.attempts]
     lines += timeline_lines(record)  # each restart's phases, in seconds from its fault
+    if record.dropped_on_read:  # stored values outside the record's schema (cluster_jobs/record_schema.py)
+        lines.append(f"dropped on read ({len(record.dropped_on_read)}): {'; '.join(record.dropped_on_read)}")
     return "\n".join(lines)
 
 
@@ -122,7 +124,14 @@ def format_states(states: Sequence[NodeJobState], label: str) -> str:
     headers = ("INSTANCE", "STATE", "EXIT", "STEP", "LOSS", *(("VAL LOSS",) if validated else ()), "NETWORK",
                "STARTED", "ENDED", "DETAIL")
     table = format_table(headers, rows)
-    return f"{table}\n{label}: {overall} ({_count_nodes(states)})"
+    return "\n".join([table, *dropped_lines(states), f"{label}: {overall} ({_count_nodes(states)})"])
+
+
+def dropped_lines(states: Sequence[NodeJobState]) -> list[str]:
+    """One line per node whose answer held values outside the schema (cluster_jobs/node_answer.py): which
+    fields, and why; never the values."""
+    return [f"{s.instance_id}: {len(s.dropped)} value(s) of its answer dropped: {'; '.join(s.dropped)}"
+            for s in states if s.dropped]
 
 
 def _val_loss(state: NodeJobState) -> str | None:
@@ -151,7 +160,7 @@ def _format_commcheck_states(states: Sequence[NodeJobState], overall: str, label
     table = format_table(
         ("INSTANCE", "STATE", "EXIT", "BUSBW GB/S", "SIZE", "NETWORK", "STARTED", "ENDED", "DETAIL"), rows
     )
-    summary = f"{label}: {overall} ({_count_nodes(states)})"
+    summary = "\n".join([*dropped_lines(states), f"{label}: {overall} ({_count_nodes(states)})"])
     if reported is not None:
         summary += f"; all_reduce busbw {reported.busbw_gbps:.1f} GB/s at {_format_mib(reported.busbw_size_bytes)}"
     else:

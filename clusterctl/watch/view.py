@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from clusterctl.jobs import view as job_view
-from clusterctl.render import format_time, format_usd
+from clusterctl.render import format_time, format_usd, terminal_safe
 from clusterctl.watch.collect import JOB_FROM_METRICS, ClusterView, JobView, NodeView
 
 if TYPE_CHECKING:
@@ -31,6 +31,12 @@ PLAIN_WIDTH = 132  # the table's width when the output is not a terminal (a pipe
 
 def _num(value: float | None, fmt: str = "{:.0f}") -> str:
     return "-" if value is None else fmt.format(value)
+
+
+def _shown(text: str) -> Text:
+    """A cell of text from outside (a tag, a record): a Text, so rich reads no markup in it, with control
+    characters as escapes."""
+    return Text(terminal_safe(text, keep=""))
 
 
 def _gpu_cell(pct: float | None) -> Text:
@@ -78,7 +84,7 @@ def nodes_table(view: ClusterView) -> Table:
         table.add_column(header, justify="right", no_wrap=True)
     for node in view.nodes:
         state = node.lifecycle if node.bootstrap in (None, "ready") else f"{node.lifecycle}/{node.bootstrap}"
-        table.add_row(node.instance_id, state, _gpu_cell(node.gpu_utilization_pct), _memory_cell(node),
+        table.add_row(_shown(node.instance_id), _shown(state), _gpu_cell(node.gpu_utilization_pct), _memory_cell(node),
                       _temperature_cell(node.gpu_temperature_c), _num(node.gpu_power_w, "{:.0f} W"),
                       _num(node.efa_tx_gbps, "{:.1f}"), _num(node.efa_rx_gbps, "{:.1f}"),
                       _errors_cell(node.efa_error_events))
@@ -96,7 +102,7 @@ def _age(seconds: float) -> str:
 def job_panel(view: ClusterView) -> Panel:
     job = view.job
     if job is None:
-        return Panel(Text(_no_job_text(view), style="dim"), title="Job", title_align="left")
+        return Panel(Text(terminal_safe(_no_job_text(view)), style="dim"), title="Job", title_align="left")
     steps = f"{_num(job.step)}/{_num(job.run_steps)}"
     if job.step is not None and job.run_steps:
         steps += f" ({100 * job.step / job.run_steps:.0f}%)"
@@ -112,10 +118,10 @@ def job_panel(view: ClusterView) -> Panel:
         f" s)   slowest/median {straggler}",
         _last_record_line(job, view.collected_at),
     ]
-    text = Text("\n".join(lines))
+    text = Text(terminal_safe("\n".join(lines)))  # the record's reason and tier: text a node may have sent
     if job.state is not None:  # the first line; bold, so that a stale step under a restart is not read as a hang
         text.stylize("bold green" if job.state == "running" else "bold yellow", 0, len(job.state))
-    return Panel(text, title=f"Job {job.job_id}", title_align="left")
+    return Panel(text, title=Text(f"Job {terminal_safe(job.job_id, keep='')}"), title_align="left")
 
 
 def _validation_lines(job: JobView) -> list[str]:

@@ -192,6 +192,26 @@ def test_the_admin_role_is_the_one_other_writer():
     assert deny["Condition"] == {"ArnNotLike": {"aws:PrincipalArn": [_export_role(storage), ADMIN_ROLE]}}
 
 
+CONFIG_ACTIONS = {"s3:PutLifecycleConfiguration", "s3:PutBucketVersioning", "s3:PutReplicationConfiguration",
+                  "s3:PutBucketPolicy", "s3:DeleteBucketPolicy", "s3:PutBucketObjectLockConfiguration"}
+
+
+@pytest.mark.parametrize("admin_role", [None, ADMIN_ROLE])
+def test_only_the_deployment_and_the_admin_role_reconfigure_the_checkpoint_bucket(admin_role):
+    """Issue 42: a lifecycle rule or suspended versioning could expire every checkpoint version."""
+    storage, template = _storage(**({"checkpointAdminRoleArn": admin_role} if admin_role else {}))
+    policy = _bucket_policy(storage, template, storage.checkpoint_bucket)
+    (deny,) = [s for s in policy["Properties"]["PolicyDocument"]["Statement"]
+               if s.get("Sid") == "OnlyTheDeploymentAndTheAdminRoleReconfigure"]
+    assert deny["Effect"] == "Deny" and deny["Principal"] == {"AWS": "*"} and set(deny["Action"]) == CONFIG_ACTIONS
+    bucket = storage.node.scope.get_logical_id(storage.checkpoint_bucket.node.default_child)
+    assert deny["Resource"] == {"Fn::GetAtt": [bucket, "Arn"]}  # the bucket, not its objects
+    deployment = {"Fn::Sub": "arn:${AWS::Partition}:iam::${AWS::AccountId}:role/"
+                             "cdk-hnb659fds-cfn-exec-role-${AWS::AccountId}-us-east-1"}  # the stack's region
+    principals = deny["Condition"]["ArnNotLike"]["aws:PrincipalArn"]
+    assert principals == [deployment, *([admin_role] if admin_role else [])]
+
+
 def test_the_data_bucket_stays_writable_for_publishing_data(created):
     storage, template = created
     policy = _bucket_policy(storage, template, storage.data_bucket)

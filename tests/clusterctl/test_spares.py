@@ -13,6 +13,7 @@ from job_record_fakes import TINY
 from rich.console import Console
 
 from cluster_aws.errors import EXIT_OK
+from cluster_spec.settings import MAX_SPARE_NODES
 from clusterctl.watch.collect import ClusterView, NodeView
 from clusterctl.watch.view import render
 
@@ -93,3 +94,15 @@ def test_cost_adds_the_spares_of_a_plan_and_of_the_stack(cli, at_now, sent, moto
     assert report["totalWithSparesUsd"] == pytest.approx(report["totalUsd"] * 1.5, abs=0.02)
     refused = at_now("cost", "--job", job_id, "--spare-nodes", "1")
     assert refused.code == 2 and "drop --nodes/--hours/--spare-nodes" in refused.err
+
+
+@pytest.mark.parametrize("value", ["65", "1000", "-1", "two"])
+def test_cost_takes_the_spares_the_stack_takes_and_names_the_range(cli, capsys, value):
+    """0 to cluster_spec.settings.MAX_SPARE_NODES, the bound spareNodes has at synthesis (issue 42)."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli("cost", "--nodes", "2", "--hours", "1", "--spare-nodes", value)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"clusterctl cost: error: argument --spare-nodes: {value}: allowed: an integer 0 to {MAX_SPARE_NODES} (the "
+        "stack's spareNodes)")
+    assert cli("cost", "--nodes", "2", "--hours", "1", "--spare-nodes", str(MAX_SPARE_NODES)).code == EXIT_OK
