@@ -10,8 +10,9 @@ translator/translate/metrics/config/registered_metrics.go, and an unknown name f
 - `cpu`, `mem`, `disk`: host CPU and memory, and the space used on /, the NVMe scratch and FSx for Lustre.
 - `logs`: the bootstrap log, the node health monitor's log (its findings too) and the EFA collector's
   Embedded Metric Format (EMF) lines (node_bootstrap/efa_metrics.py, one hourly file, the newest of which the
-  agent tails). Job logs are added per job with `append-config` (node_bootstrap/jobs/logs.py); the
-  trainer's EMF step records ride in them.
+  agent tails). Job logs are added per job with `append-config` (node_bootstrap/jobs/logs.py), with the
+  job's metrics file, where the job supervisor writes the trainer's step metrics as EMF (never the job log:
+  node_bootstrap/jobs/job_metrics.py).
 
 Dimensions: `append_dimensions` adds AutoScalingGroupName and InstanceId to every agent metric (and drops the
 `host` dimension); `aggregation_dimensions` makes the agent also publish each metric rolled up to exactly

@@ -215,6 +215,14 @@ class NodeGroup(Construct):
             )
         )
 
+    def allow_job_table_read(self, *, table_arn: str) -> None:
+        """Let the nodes read one item of the job table at a time: a job's `start` checks that the table holds
+        its attempt as the job's current one (node_bootstrap/jobs/job_table.py). GetItem only: no query, no
+        scan, no write."""
+        self.role.add_to_principal_policy(
+            iam.PolicyStatement(sid="JobTableGetItem", actions=["dynamodb:GetItem"], resources=[table_arn])
+        )
+
     def _grant_node_permissions(self, log_group_arn: str) -> None:
         statements = [
             # The SSM Agent: Run Command (jobs) and Session Manager. These actions take no resource ARN, or

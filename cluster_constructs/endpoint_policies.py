@@ -99,6 +99,21 @@ def stack_s3_statements(
     ]
 
 
+def job_table_statements(stack: Stack, table_arn: str) -> list[iam.PolicyStatement]:
+    """The DynamoDB gateway endpoint: one read of the job table, for principals of the stack's account. A node's
+    `start` reads its job's item there (node_bootstrap/jobs/job_table.py); nothing else in the nodes' subnets
+    uses DynamoDB, so nothing else passes."""
+    return [
+        iam.PolicyStatement(
+            sid="JobTableGetItem",
+            principals=[iam.AnyPrincipal()],
+            actions=["dynamodb:GetItem"],
+            resources=[table_arn],
+            conditions=_account(stack),
+        )
+    ]
+
+
 def interface_statements(
     stack: Stack, endpoint: str, *, log_group_name: str, auto_scaling_group_name: str
 ) -> list[iam.PolicyStatement]:

@@ -190,6 +190,21 @@ class ClusterNetwork(Construct):
         for statement in endpoint_policies.stack_s3_statements(Stack.of(self), bucket_names, object_arns):
             self.s3_endpoint.add_to_policy(statement)
 
+    def allow_job_table_read(self, *, table_arn: str) -> ec2.GatewayVpcEndpoint:
+        """A DynamoDB gateway endpoint for the nodes' subnets that passes one read (GetItem) of this job table,
+        for principals of the account: a node checks each job start against it (node_bootstrap/jobs/
+        job_table.py). A gateway endpoint costs nothing, like S3's; its route is the more specific, so with
+        natGateway=true the nodes' DynamoDB traffic passes it too. Made here, with its only statement, so the
+        endpoint never exists without a policy (an endpoint with none passes everything)."""
+        endpoint = self.vpc.add_gateway_endpoint(
+            "DynamoDbEndpoint",
+            service=ec2.GatewayVpcEndpointAwsService.DYNAMODB,
+            subnets=[ec2.SubnetSelection(subnet_group_name="Nodes")],
+        )
+        for statement in endpoint_policies.job_table_statements(Stack.of(self), table_arn):
+            endpoint.add_to_policy(statement)
+        return endpoint
+
     def _add_endpoints(self, *, log_group_name: str, auto_scaling_group_name: str) -> None:
         stack = Stack.of(self)
         self.s3_endpoint = self.vpc.add_gateway_endpoint(

@@ -59,6 +59,7 @@ def render_node_config(
     auto_scaling_group_name: str,
     health: HealthSettings,
     fp8_backends: list[str],
+    job_table_name: str,
 ) -> dict[str, Any]:
     """The node config as a JSON-ready dict (values may be CDK tokens)."""
     instance = compute.instance_type
@@ -112,6 +113,9 @@ def render_node_config(
             "jobHangTimeoutSeconds": health.job_hang_timeout_minutes * 60,
             "jobStartTimeoutSeconds": health.job_start_timeout_minutes * 60,
             "jobHangFloorSeconds": health.job_hang_floor_seconds,
+            # a `start` runs only the attempt this table holds as its job's current one (node_bootstrap/jobs/
+            # job_table.py)
+            "jobTableName": job_table_name,
         },
         "bootstrap": {
             "deadlineSeconds": bootstrap.timeout_seconds,

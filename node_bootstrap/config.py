@@ -8,6 +8,7 @@ and what is allowed, because a node that guesses a default would be healthy-look
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -24,6 +25,8 @@ MIN_MONITOR_INTERVAL_SECONDS = 10  # a round runs nvidia-smi, fi_info and the aw
 # presets) and shorter than the process-group timeout (parallel.train_timeout_seconds, 300 s), so a rank
 # stuck outside a collective is found before a peer stuck inside one times out (docs/operations.md).
 DEFAULT_JOB_HANG_FLOOR_SECONDS = 120
+# DynamoDB's table names (Amazon DynamoDB Developer Guide, "Naming rules")
+TABLE_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{3,255}$")
 
 T = TypeVar("T")
 
@@ -100,6 +103,9 @@ class TrainingConfig:
     job_start_timeout_seconds: int  # ... and this long for the first step after a start or a restart
     # the least a learned hang timeout can be (node_bootstrap/jobs/progress.py); optional in the node config
     job_hang_floor_seconds: int = DEFAULT_JOB_HANG_FLOOR_SECONDS
+    # the job table (cluster_jobs/table.py) a `start` checks its job and attempt against (node_bootstrap/jobs/
+    # job_table.py); "": none named (a node config rendered before it existed, a test's fake node): unchecked
+    job_table_name: str = ""
 
 
 @dataclass(frozen=True)
@@ -211,6 +217,8 @@ def parse_node_config(data: Any) -> NodeConfig:
             job_start_timeout_seconds=training.integer("jobStartTimeoutSeconds", minimum=1),
             job_hang_floor_seconds=training.integer("jobHangFloorSeconds", minimum=1,
                                                     default=DEFAULT_JOB_HANG_FLOOR_SECONDS),
+            job_table_name=training.optional_match("jobTableName", TABLE_NAME_RE,
+                                                   "a DynamoDB table name: 3-255 of A-Z a-z 0-9 _ . -"),
         ),
         bootstrap=BootstrapConfig(
             deadline_seconds=bootstrap.integer("deadlineSeconds", minimum=60),
@@ -245,6 +253,15 @@ class _Reader:
         value = self._get(key, str)
         if not value.strip():
             raise ConfigError(f"{self._prefix + key} must be a non-empty string, got {value!r}")
+        return value
+
+    def optional_match(self, key: str, pattern: re.Pattern[str], allowed: str) -> str:
+        """An optional string `pattern` matches whole; "" when the key is absent or empty."""
+        if key not in self._data or self._data[key] == "":
+            return ""
+        value = self._get(key, str)
+        if not pattern.fullmatch(value):
+            raise ConfigError(f"{self._prefix + key}={value!r}: allowed: {allowed}")
         return value
 
     def abs_path(self, key: str) -> str:

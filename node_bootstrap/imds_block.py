@@ -18,18 +18,24 @@ CLUSTER-IMDS-BLOCK, and the filter table's OUTPUT chain jumps to it first.
   the wanted rules. Only a difference plans an `iptables-restore --noflush`, which refills the chain and puts
   the jump first in one transaction.
 - Every boot: cloud-init runs user-data once per instance, and a reboot empties the kernel's rules. So the
-  step installs cluster-imds-block.service, which runs this step again at each boot, before the network
-  (Before=network-pre.target) and after the firewall services that load a saved rule set, which may flush.
-- Verified: the check `imds-block` runs metadata_probe.py as the job user and fails when it can connect.
-  The step runs it after it acts, and the health gate (health.py) runs it too, so a node whose job user
-  reaches IMDS is not ready.
+  step installs cluster-imds-block.service, which runs this step again at each boot: after the network is up
+  (network-online.target: its verification tells the block's REJECT from a network not up yet, issue 42) and
+  after the firewall services that load a saved rule set, which may flush; before the SSM agent, through which
+  every job comes. No job-user process runs at boot before that: a job's unit ends with the boot.
+- Verified: the check `imds-block` runs metadata_probe.py as the job user and passes only when the block
+  answers: the IPv4 address refused (the REJECT), the IPv6 one refused or without a route; a connection, a
+  missing route to the IPv4 address or a timeout fails it. The step runs it after it acts, the health gate
+  (health.py) at boot, and the health monitor every round, with `imds-block-service` (the unit did not fail at
+  this boot): a node whose job user reaches IMDS, or whose block is gone, is not ready, or becomes unhealthy.
 
 Runs after `jobuser`, which creates the user (the rule names its uid), and before `training`.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import re
 from dataclasses import dataclass
 
 from node_bootstrap.accounts import JOB_USER, Account, AccountError, read_account
@@ -42,6 +48,7 @@ from node_bootstrap.plan import StepPlan
 from node_bootstrap.runner import Runner
 
 CHECK = "imds-block"
+SERVICE_CHECK = "imds-block-service"
 METADATA_IPV4 = "169.254.169.254"
 METADATA_IPV6 = "fd00:ec2::254"
 METADATA_PORT = 80
@@ -83,15 +90,21 @@ def render_restore(family: Family, uid_owner: str, *, jump_first: bool = False, 
     return "\n".join(lines + ["COMMIT"]) + "\n"
 
 
+# The services that load a saved rule set, which may flush ours: the unit runs after them.
+FIREWALL_SERVICES = "iptables.service ip6tables.service nftables.service netfilter-persistent.service firewalld.service"
+# The SSM agent (Amazon Linux 2023's package, Ubuntu's snap): no job can be started before the block is set and
+# verified at boot, since jobs come through Run Command.
+SSM_AGENT_SERVICES = "amazon-ssm-agent.service snap.amazon-ssm-agent.amazon-ssm-agent.service"
+
+
 def render_service(config: NodeConfig, config_path: str = DEFAULT_CONFIG_PATH) -> str:
     return f"""\
 # Written by node_bootstrap (step imdsblock); edits are overwritten.
 [Unit]
 Description=Block the instance metadata service for the training jobs' user (docs/security.md)
-DefaultDependencies=no
-After=local-fs.target iptables.service ip6tables.service nftables.service netfilter-persistent.service firewalld.service
-Before=network-pre.target
-Wants=network-pre.target
+After=network-online.target {FIREWALL_SERVICES}
+Wants=network-online.target
+Before={SSM_AGENT_SERVICES}
 
 [Service]
 Type=oneshot
@@ -142,8 +155,30 @@ class MetadataProbe:
                 *(format_target(a, p) for a, p in self.targets))
 
 
+# What a connect that did not connect says (the probe's "error": "<exception class>: [Errno N] ..."). Only
+# "refused" is the block's own answer (its REJECT); "no route" is the kernel's before any rule is consulted (the
+# network is not up yet, or the address has no route: fd00:ec2::254 where the instance has no IPv6).
+_REFUSED = "ConnectionRefusedError"
+_NO_ROUTE_ERRNOS = {errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL}
+_ERRNO_RE = re.compile(r"\[Errno ([0-9]+)\]")
+
+
+def connect_outcome(error: object) -> str:
+    """"refused", "no route" or "unknown" (a timeout: a DROP, or nothing answering) for a probe's error."""
+    text = str(error or "")
+    if text.startswith(_REFUSED):
+        return "refused"
+    found = _ERRNO_RE.search(text)
+    if found and int(found.group(1)) in _NO_ROUTE_ERRNOS:
+        return "no route"
+    return "unknown"
+
+
 def check_metadata_blocked(probe: MetadataProbe, runner: Runner) -> Check:
-    """imds-block: fails when the job user can open a connection to any metadata address."""
+    """imds-block: ok only when the block is seen to hold: every IPv4 target refused (the REJECT answered,
+    so the network is up and the rule is there), and every IPv6 one refused or without a route (an instance
+    without IPv6). Fails when the job user connects, and when the probe cannot tell a block from a network that
+    is not up ("no route" to the IPv4 address) or from a timeout."""
     try:
         account = read_account(probe.root, JOB_USER)
     except AccountError as e:
@@ -156,16 +191,33 @@ def check_metadata_blocked(probe: MetadataProbe, runner: Runner) -> Check:
     try:
         targets = json.loads(result.stdout)["targets"] if result.ok else None
         reached = [t["target"] for t in targets if t["connected"]] if targets else None
+        outcomes = {t["target"]: connect_outcome(t.get("error")) for t in targets} if targets else None
     except (ValueError, KeyError, TypeError):
-        reached = None
-    if reached is None:
+        reached = outcomes = None
+    if reached is None or outcomes is None:
         detail = result.describe_failure() if not result.ok else f"no result in its output {result.stdout!r:.200}"
         return Check(CHECK, FAIL, f"cannot verify that {who} is kept from the instance metadata service: {detail}")
     if reached:
         return Check(CHECK, FAIL, f"{who} can open a connection to the instance metadata service at "
                                   f"{', '.join(reached)}: jobs could take the node role's credentials "
                                   "(step imdsblock blocks it)")
+    unproven = [f"{target}: {outcome}" for target, outcome in outcomes.items()
+                if outcome != "refused" and not (outcome == "no route" and target.startswith("["))]
+    if unproven:
+        return Check(CHECK, FAIL, f"cannot tell that {who} is blocked from the instance metadata service: "
+                                  f"{', '.join(unproven)} (refused is the block's answer; no route: is the network "
+                                  "up?; unknown: a timeout, not the block's REJECT)")
     return Check(CHECK, OK, f"{who} cannot connect to {', '.join(t['target'] for t in targets)}")
+
+
+def check_block_service(runner: Runner) -> Check:
+    """imds-block-service: fails when cluster-imds-block.service failed at this boot (the rules may be missing
+    since; the monitor's imds-block check tells whether they are)."""
+    result = runner.run(("systemctl", "is-failed", SERVICE), mutating=False, check=False)
+    state = result.stdout.strip()
+    if state == "failed":
+        return Check(SERVICE_CHECK, FAIL, f"{SERVICE} failed at this boot: see journalctl -u {SERVICE}")
+    return Check(SERVICE_CHECK, OK, f"{SERVICE}: {state or 'not failed'}")
 
 
 # ----- the step ------------------------------------------------------------------------------------------------
@@ -215,7 +267,7 @@ def _plan_service(plan: StepPlan, config: NodeConfig, host: Host, runner: Runner
     unit = render_service(config)
     changed = host.read_text(path, default="") != unit
     if changed:
-        plan.add(f"write {path}: the block again at every boot, before the network comes up",
+        plan.add(f"write {path}: the block again at every boot, once the network is up and before the SSM agent",
                  apply=lambda: host.write_text(path, unit))
         plan.add("reload systemd's units", argv=("systemctl", "daemon-reload"))
     enabled = runner.run(("systemctl", "is-enabled", SERVICE), mutating=False, check=False)

@@ -30,7 +30,7 @@ Environment, with sources:
   TORCH_NCCL_ENABLE_MONITORING=1 (the default, pinned) with TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC=180 (default
   480): a monitor thread ends the process when the watchdog thread itself is stuck (a CUDA call on a GPU
   that fell off the bus) for 3 minutes instead of 8.
-  The collective timeout itself is the process group's: the trainer sets it (training/parallelize.py,
+  The collective timeout itself is the process group's: the trainer sets it (training/parallel/,
   parallel.init_timeout_seconds until the first step, then parallel.train_timeout_seconds).
   No NCCL_* variable shortens EFA failure detection: NCCL_IB_TIMEOUT and NCCL_IB_RETRY_CNT tune NCCL's own
   InfiniBand verbs transport, which is not used when the aws-ofi-nccl plugin carries the traffic, and the

@@ -1,8 +1,8 @@
 """TrainingClusterStack: wires the cluster's constructs together; every decision lives in a construct.
 
-Build order: observability (log group, alarm topic) -> network -> capacity -> storage -> the node bundle and
-user-data -> nodes -> jobs document -> job keeper (table, function, rules) -> alarms -> dashboard -> outputs ->
-cdk-nag suppressions and checkov exceptions.
+Build order: observability (log group, alarm topic) -> network -> capacity -> storage -> jobs document -> job
+keeper (table, function, rules) -> the node bundle and user-data (the node config names the job table) -> nodes
+-> alarms -> dashboard -> outputs -> cdk-nag suppressions and checkov exceptions.
 """
 
 from __future__ import annotations
@@ -82,6 +82,32 @@ class TrainingClusterStack(Stack):
         # asset into cdk.out as the Asset is constructed, so the directory can go right after.
         with tempfile.TemporaryDirectory(prefix="node-bundle-") as staging:
             bundle = s3_assets.Asset(self, "NodeBundle", path=str(stage_bundle(Path(staging) / "bundle")))
+        # The jobs document and the job keeper (its table) before the node config: a node's `start` checks its job
+        # and attempt against the table, which the node config names (node_bootstrap/jobs/job_table.py).
+        jobs = JobRunner(
+            self,
+            "Jobs",
+            log_group=observability.log_group,
+            auto_scaling_group_name=group_name,
+            bundle_dir=BUNDLE_DIR,
+        )
+        # The keeper's code asset is staged like the node bundle; the function binds it (and CDK copies it into
+        # cdk.out) as it is constructed, inside the block.
+        with tempfile.TemporaryDirectory(prefix="keeper-code-") as staging:
+            keeper = JobKeeper(
+                self,
+                "JobKeeper",
+                code=lambda_.Code.from_asset(str(stage_keeper_code(Path(staging) / "keeper"))),
+                auto_scaling_group_name=group_name,
+                job_document_name=jobs.document_name,
+                alarm_topic=observability.alarm_topic,
+                instance_type=compute.instance_type.name,
+                capacity_mode=capacity_settings.mode,
+                capacity_reservation_id=capacity.reservation_id,
+                log_retention=retention_days(settings.observability.log_retention_days),
+                # next to the job logs: /training-cluster/<stack name>/<stack id's UUID>/job-keeper
+                log_group_name=f"{unique_log_group_name(construct_id)}/job-keeper",
+            )
         # What the nodes can run: the FP8 backends the bundle's training lock installs (clusterctl submit
         # refuses a config that asks for another).
         fp8_backends = read_lock().fp8_backends()
@@ -98,6 +124,7 @@ class TrainingClusterStack(Stack):
             auto_scaling_group_name=group_name,
             health=settings.health,
             fp8_backends=fp8_backends,
+            job_table_name=keeper.table.table_name,
         )
         user_data = ec2.UserData.custom(
             render_user_data(
@@ -148,31 +175,9 @@ class TrainingClusterStack(Stack):
         nodes.auto_scaling_group.node.add_dependency(storage.data_association, storage.checkpoint_association)
         self._schedule_capacity_block(nodes, compute.group_size)
 
-        jobs = JobRunner(
-            self,
-            "Jobs",
-            log_group=observability.log_group,
-            auto_scaling_group_name=group_name,
-            bundle_dir=BUNDLE_DIR,
-        )
-        # The keeper's code asset is staged like the node bundle; the function binds it (and CDK copies it into
-        # cdk.out) as it is constructed, inside the block.
-        with tempfile.TemporaryDirectory(prefix="keeper-code-") as staging:
-            keeper = JobKeeper(
-                self,
-                "JobKeeper",
-                code=lambda_.Code.from_asset(str(stage_keeper_code(Path(staging) / "keeper"))),
-                auto_scaling_group_name=group_name,
-                job_document_name=jobs.document_name,
-                alarm_topic=observability.alarm_topic,
-                instance_type=compute.instance_type.name,
-                capacity_mode=capacity_settings.mode,
-                capacity_reservation_id=capacity.reservation_id,
-                log_retention=retention_days(settings.observability.log_retention_days),
-                # next to the job logs: /training-cluster/<stack name>/<stack id's UUID>/job-keeper
-                log_group_name=f"{unique_log_group_name(construct_id)}/job-keeper",
-            )
         jobs.allow_job_table(keeper.table.table_arn)
+        nodes.allow_job_table_read(table_arn=keeper.table.table_arn)
+        network.allow_job_table_read(table_arn=keeper.table.table_arn)
         # Buying a Capacity Block spends money that cannot be refunded: a policy of its own, not the operator's.
         purchaser = CapacityPurchaser(self, "CapacityPurchaser")
         observability.add_job_keeper_alarm(function_name=keeper.function.function_name)

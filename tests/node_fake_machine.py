@@ -183,6 +183,9 @@ class FakeNode:
             return (0 if state == "active" else 3), state + "\n"
         if verb == "is-enabled":
             return (0, "enabled\n") if argv[-1] in self.enabled_units else (1, "disabled\n")
+        if verb == "is-failed":  # exit 0 only for a failed unit (systemctl(1))
+            state = self.units.get(argv[-1], "inactive")
+            return (0 if state == "failed" else 1), state + "\n"
         if verb in ("restart", "enable", "disable"):  # units node_bootstrap writes (monitor, EFA collector)
             unit = argv[-1]
             if verb != "disable" and not Path(self.path(f"/etc/systemd/system/{unit}")).exists():

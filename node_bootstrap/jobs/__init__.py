@@ -19,8 +19,9 @@ restart of the SSM agent kills the processes in its cgroup. So `start` only laun
 supervisor sources the training env file, runs torchrun, tees its output to the job log (which the
 CloudWatch agent ships to the stream `jobs/<id>/{instance_id}`), records status.json, and forwards SIGTERM
 to torchrun so the trainer checkpoints before it exits. torchrun and the trainer run as the unprivileged job
-user (node_bootstrap/accounts.py), which owns the job's own directories and log, never as root; root touches
-them only through descriptors that follow no link of that user's (safe_paths.py, job_paths.py).
+user (node_bootstrap/accounts.py), which owns the job's own directories, never as root; the job log is root's,
+and only the supervisor writes the job's output there, capped (job_output.py). Root touches the user's paths
+only through descriptors that follow no link of that user's (safe_paths.py, job_paths.py).
 
 Launchers: `systemd` (systemd-run; the default wherever systemd is PID 1) and `direct` (double fork and
 setsid; for containers and tests, where systemd is not running). Both run the same supervisor.
@@ -32,13 +33,15 @@ kept aside and the job log is appended to (attempts.py, attempt_log.py).
 What the cluster side reads (modules, states, file names, parameter patterns, exit codes) is the job contract,
 node_bootstrap/job_contract.py, outside this package: its readers (the job keeper) ship it without the launcher.
 
-Modules, in dependency order: errors (exit codes, JobError), settings (node config), spec (JobSpec, JobFiles,
-the torchrun argv), logs (the job log to CloudWatch), attempt_log (where an attempt begins in the job log),
-control (`status`, `cancel`), attempts (a later attempt on a node that ran the job), safe_paths (root's
-operations on paths the job user can write), job_paths (what the job user gets at a start), launch (`start`),
-progress (hang detection from the trainer's step lines), supervise (`supervise`), cli (the argument parser
-and main; __main__ runs it). This package re-exports their public names, so `from node_bootstrap import
-jobs; jobs.JOB_ID_RE` keeps working.
+Modules, in dependency order: errors (exit codes, JobError), job_output (how much of a job's output its log keeps),
+settings (node config), spec (JobSpec, JobFiles, the torchrun argv), logs (the job log to CloudWatch), attempt_log
+(where an attempt begins in the job log), job_report (the one parser, with its schema, of every value read from a
+job's output), job_metrics (the trainer's step metrics, published by the supervisor: never a job's EMF as printed),
+job_table (whether the job table allows a start), control (`status`, `cancel`), attempts (a later attempt on a node
+that ran the job), safe_paths (root's operations on paths the job user can write), job_paths (what the job user gets
+at a start), launch (`start`), progress (hang detection from the trainer's step lines), supervise (`supervise`), cli
+(the argument parser and main; __main__ runs it). This package re-exports their public names, so `from
+node_bootstrap import jobs; jobs.JOB_ID_RE` keeps working.
 
 Runs on the node's system Python (>= 3.9), standard library only.
 """

@@ -41,7 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     start = sub.add_parser(
         "start", help="launch torchrun detached and return once it runs",
-        description="Launch torchrun detached and return once it runs. A job id this node already has starts "
+        description="Launch torchrun detached and return once it runs. Only the attempt the job table (the "
+        "node config's training.jobTableName) holds as the job's current one, of a job starting, running or "
+        "restarting there, starts: any other start is refused before anything is made (exit 1). A job id this "
+        "node already has starts "
         "again only as a later --attempt of a job that ended here: the previous attempt's status is kept as "
         "status.attempt-<K>.json, the job log is appended to, and the checkpoint directory and rendezvous id "
         "stay the job's. A start while the job runs here, or of an attempt not greater than the recorded one "

@@ -1,8 +1,7 @@
 """`status` and `cancel`: read a job's recorded state (and, from the current attempt's part of its log, the
 last step, the last held-out loss, the checkpoint step the trainer resumed from, or a commcheck's all_reduce bus
-bandwidth, and the network NCCL chose), and stop it."""
+bandwidth, and the network NCCL chose: each value through job_report's schema), and stop it."""
 
-import json
 import os
 import re
 import shutil
@@ -11,8 +10,28 @@ import subprocess
 import time
 from typing import NamedTuple, Optional
 
+from node_bootstrap.job_contract import COMPILE_CACHE_STATES
 from node_bootstrap.jobs.attempt_log import attempt_part
 from node_bootstrap.jobs.errors import EXIT_NOT_FOUND, EXIT_USAGE, JobError
+from node_bootstrap.jobs.job_report import (  # noqa: F401 - the finders are re-exported (node_bootstrap.jobs)
+    NCCL_NETWORK_RE,
+    OFI_PROVIDER_RE,
+    RESUME_TIERS,
+    Rejections,
+    checked_int,
+    checked_name,
+    checked_network,
+    checked_provider,
+    checked_recorded_phases,
+    find_busbw,
+    find_last_event,
+    find_last_step,
+    find_last_validation,
+    find_resumed_from_step,
+    find_resumed_from_tier,
+    resume_report,
+    step_report,
+)
 from node_bootstrap.jobs.settings import JobSettings
 from node_bootstrap.jobs.spec import (
     CANCEL_ABORT,
@@ -31,17 +50,6 @@ from node_bootstrap.jobs.spec import (
 
 LOG_TAIL_BYTES = 512 * 1024  # how much of the job log's end `status` scans (last step, NCCL's network)
 LOG_HEAD_BYTES = 4 * 1024 * 1024  # and of its start: NCCL logs its network when the first communicator is made
-
-# NCCL prints, at NCCL_DEBUG=INFO with the INIT subsystem, one line per communicator naming the network it
-# chose: INFO(NCCL_INIT, "Using network %s", comm->ncclNet->name) in NVIDIA/nccl src/init.cc. src/debug.cc
-# prefixes it with "<hostname>:<pid>:<tid> [<cudaDev>] NCCL INFO " (and a timestamp, or torchrun a "[rank0]:",
-# where configured), so the pattern is not anchored at the line start. It must end in a newline: a line still
-# being written is not read as a shorter name.
-_NCCL_NETWORK_RE = re.compile(r"NCCL INFO Using network ([^\r\n]+?)[ \t]*\r?\n")
-# aws-ofi-nccl, when its plugin initialises: NCCL_OFI_INFO(NCCL_INIT | NCCL_NET, "Selected provider is %s,
-# fabric is %s (found %d nics)") (src/nccl_ofi_net.cpp; "Selected Provider is %s (found %d nics)" in older
-# releases), prefixed with "NET/OFI " by its logging macro (include/nccl_ofi_log.h).
-_OFI_PROVIDER_RE = re.compile(r"NCCL INFO NET/OFI Selected [Pp]rovider is ([^\s,]+)")
 # aws-ofi-nccl's plugin is "Libfabric"; releases <= 1.11.0 named it "AWS Libfabric", and it answers to "OFI"
 # when NCCL_NET=OFI (src/nccl_ofi_interface_nvidia.cpp).
 NCCL_NETWORK_ALIASES = {"AWS Libfabric": "Libfabric", "OFI": "Libfabric"}
@@ -60,88 +68,27 @@ class NcclNetwork(NamedTuple):
 
 
 def read_log_ends(log_path: str, head_bytes: int = LOG_HEAD_BYTES,
-                  tail_bytes: int = LOG_TAIL_BYTES) -> Optional[LogEnds]:
-    """At most head_bytes + tail_bytes of the log, whatever its size; None when it cannot be read."""
+                  tail_bytes: int = LOG_TAIL_BYTES, start: int = 0) -> Optional[LogEnds]:
+    """At most head_bytes + tail_bytes of the log from byte `start` on (where this attempt's part begins),
+    whatever its size; None when it cannot be read."""
     try:
         with open(log_path, "rb") as f:
             f.seek(0, os.SEEK_END)
-            size = f.tell()
+            start = min(max(start, 0), f.tell())
+            size = f.tell() - start
+            f.seek(start)
             if size <= head_bytes + tail_bytes:
-                f.seek(0)
-                return LogEnds("", f.read().decode("utf-8", "replace"))
-            f.seek(0)
+                return LogEnds("", f.read(size).decode("utf-8", "replace"))
             head = f.read(head_bytes)
-            f.seek(size - tail_bytes)
-            tail = f.read()
+            f.seek(start + size - tail_bytes)
+            tail = f.read(tail_bytes)
     except OSError:
         return None
     return LogEnds(head.decode("utf-8", "replace"), tail.decode("utf-8", "replace"))
 
 
-def find_last_event(text: str, events: tuple[str, ...]) -> Optional[dict[str, object]]:
-    """The last JSON line in `text` whose "event" is one of `events`. torchrun may prefix lines (e.g.
-    "[rank0]:"), so the JSON starts at the first "{"."""
-    for line in reversed(text.splitlines()):
-        start = line.find("{")
-        if start < 0 or not any(f'"{name}"' in line for name in events):
-            continue
-        try:
-            event = json.loads(line[start:])
-        except ValueError:
-            continue
-        if isinstance(event, dict) and event.get("event") in events:
-            return event
-    return None
-
-
-def find_last_step(text: str) -> Optional[dict[str, object]]:
-    """The last trainer progress line, {"event": "step", "step": ..., "loss": ...}, in `text`."""
-    return find_last_event(text, ("step",))
-
-
-def find_last_validation(text: str) -> Optional[dict[str, object]]:
-    """The last step line that carries a held-out loss ("val_loss": the trainer's [validation] evaluated it
-    after that step) in `text`; None without one. Later step lines carry none, so the last step line alone
-    would not do."""
-    for line in reversed(text.splitlines()):
-        start = line.find("{")
-        if start < 0 or '"val_loss"' not in line:
-            continue
-        try:
-            event = json.loads(line[start:])
-        except ValueError:
-            continue
-        if isinstance(event, dict) and event.get("event") == "step":
-            return event
-    return None
-
-
-def find_resumed_from_step(text: str) -> Optional[object]:
-    """The checkpoint step of the trainer's last resume line, {"event": "resume", "step": N, "path": ...,
-    "tier": ...} (training/metrics.py; step 0, path null and no tier when it started fresh), in `text`; None
-    before it printed one."""
-    event = find_last_event(text, ("resume",))
-    return event.get("step") if event else None
-
-
-def find_resumed_from_tier(text: str) -> Optional[object]:
-    """The checkpoint tier of that line: "local" or "durable"; None for a fresh start or before the line."""
-    event = find_last_event(text, ("resume",))
-    return event.get("tier") if event else None
-
-
-def find_busbw(text: str) -> Optional[dict[str, object]]:
-    """A commcheck's bus bandwidth from its JSON lines (training/commcheck.py): the summary's busbw at the
-    largest size once it is printed, before that the newest size's; None before the first size ends."""
-    event = find_last_event(text, ("allreduce_summary", "allreduce"))
-    if event is None:
-        return None
-    size_key = "largest_size_bytes" if event["event"] == "allreduce_summary" else "size_bytes"
-    return {"busbwGbps": event.get("busbw_gbps"), "busbwSizeBytes": event.get(size_key)}
-
-
 def last_step(log_path: str) -> Optional[dict[str, object]]:
-    """The last trainer progress line in the log's tail."""
+    """The last trainer progress line in the log's tail, as printed (job_report checks its values)."""
     ends = read_log_ends(log_path, head_bytes=0)
     return find_last_step(ends.tail) if ends else None
 
@@ -154,15 +101,17 @@ def _newest(pattern: "re.Pattern[str]", ends: LogEnds) -> Optional[str]:
     return None
 
 
-def find_nccl_network(ends: LogEnds) -> NcclNetwork:
+def find_nccl_network(ends: LogEnds, rejected: Optional[Rejections] = None) -> NcclNetwork:
     """The network NCCL chose on this node, from the newest "Using network" line in the log's tail, else in
     its head; NcclNetwork(None, None) before NCCL has made a communicator (or with NCCL_DEBUG below INFO).
-    A restart in the middle of a log larger than head + tail is not seen until it reaches the tail."""
-    name = _newest(_NCCL_NETWORK_RE, ends)
+    A restart in the middle of a log larger than head + tail is not seen until it reaches the tail. A name
+    outside job_report's schema (an escape sequence, a long string) is dropped and counted in `rejected`."""
+    rejected = rejected if rejected is not None else Rejections()
+    name = checked_network(_newest(NCCL_NETWORK_RE, ends), rejected)
     if name is None:
         return NcclNetwork(None, None)
     network = NCCL_NETWORK_ALIASES.get(name, name)
-    provider = _newest(_OFI_PROVIDER_RE, ends) if network == "Libfabric" else None
+    provider = checked_provider(_newest(OFI_PROVIDER_RE, ends), rejected) if network == "Libfabric" else None
     return NcclNetwork(network, provider)
 
 
@@ -178,7 +127,22 @@ def process_alive(pid: object, job_id: str) -> bool:
     return job_id.encode() in cmdline
 
 
+def attempt_ends(status: dict[str, object], log_path: str) -> Optional[LogEnds]:
+    """The part of the job log the status's attempt wrote. The supervisor records where it began
+    (logOffsetBytes, in root's status.json), so nothing in the job's output can move that boundary; a status
+    recorded before the offset existed falls back to the attempt markers (attempt_log.py)."""
+    offset, attempt = status.get("logOffsetBytes"), status.get("attempt", 1)
+    if isinstance(offset, int) and not isinstance(offset, bool):
+        return read_log_ends(log_path, start=offset)
+    ends = read_log_ends(log_path)
+    if ends is not None and isinstance(attempt, int):
+        ends = LogEnds(*attempt_part(ends.head, ends.tail, attempt))
+    return ends
+
+
 def job_status(settings: JobSettings, job_id: str) -> dict[str, object]:
+    """The supervisor's record of the job, with what the current attempt's part of the job log says, every
+    value of that through job_report's schema: a value that fails it is None, counted in rejectedValues."""
     validate_job_id(job_id)
     files = JobFiles.of(settings, job_id)
     status = read_json(files.status_path)
@@ -191,34 +155,40 @@ def job_status(settings: JobSettings, job_id: str) -> dict[str, object]:
         pid = result.get("supervisorPid")
         result["error"] = f"the supervisor (pid {pid}) is gone without recording an end state"
     # statuses recorded before attempts existed are their job's first
-    attempt = status.get("attempt", 1)
-    result["attempt"] = attempt
-    ends = read_log_ends(files.log_path)
-    if ends is not None and isinstance(attempt, int):
-        ends = LogEnds(*attempt_part(ends.head, ends.tail, attempt))
-    step = find_last_step(ends.tail) if ends else None
+    result["attempt"] = status.get("attempt", 1)
+    rejected = Rejections()
+    rejected.merge(status.get("rejectedValues"))  # what the supervisor dropped as it watched the output
+    ends = attempt_ends(status, files.log_path)
+    tail = ends.tail if ends else ""
+    step = step_report(find_last_step(tail), rejected)
     # the log's tail while the resume line is in it; after that what the supervisor recorded when it saw it
-    resumed = find_resumed_from_step(ends.tail) if ends else None
-    result["resumedFromStep"] = resumed if resumed is not None else status.get("resumedFromStep")
-    result["resumedFromTier"] = (find_resumed_from_tier(ends.tail) if resumed is not None and ends
-                                 else status.get("resumedFromTier"))
-    result["compileCache"] = status.get("compileCache")  # recorded by the supervisor from the resume line
-    result["lastStep"] = step.get("step") if step else None
-    result["lastLoss"] = step.get("loss") if step else None
+    resume_event = find_last_event(tail, ("resume",))
+    resume = resume_report(resume_event, rejected) if resume_event else None
+    if resume is not None and resume.step is not None:
+        result["resumedFromStep"], result["resumedFromTier"] = resume.step, resume.tier
+    else:  # the supervisor's record, which it checked when it saw the line (legacy records: checked again)
+        result["resumedFromStep"] = checked_int(status.get("resumedFromStep"), "resumedFromStep", rejected)
+        result["resumedFromTier"] = checked_name(status.get("resumedFromTier"), "resumedFromTier", rejected,
+                                                 RESUME_TIERS)
+    result["compileCache"] = checked_name(status.get("compileCache"), "compileCache", rejected,
+                                          COMPILE_CACHE_STATES)
+    if "phases" in status:
+        result["phases"] = checked_recorded_phases(status.get("phases"), rejected)
+    result["lastStep"], result["lastLoss"] = step
     # the newest held-out loss while its step line is in the log's tail (LOG_TAIL_BYTES); None without one
-    validation = find_last_validation(ends.tail) if ends else None
-    result["lastValStep"] = validation.get("step") if validation else None
-    result["lastValLoss"] = validation.get("val_loss") if validation else None
+    validation = step_report(find_last_validation(tail), rejected, "lastValStep", "val_loss", "lastValLoss")
+    result["lastValStep"], result["lastValLoss"] = validation
     spec = read_json(files.spec_path) or {}
     result["module"] = spec.get("module", TRAINING_MODULE)  # jobs started before the module existed: training
     if result["module"] == COMMCHECK_MODULE:
         # Only rank 0 prints: on the other nodes of the job both stay None.
-        busbw = (find_busbw(ends.tail) if ends else None) or {}
+        busbw = find_busbw(tail, rejected) or {}
         result["busbwGbps"] = busbw.get("busbwGbps")
         result["busbwSizeBytes"] = busbw.get("busbwSizeBytes")
-    nccl = find_nccl_network(ends) if ends else NcclNetwork(None, None)
+    nccl = find_nccl_network(ends, rejected) if ends else NcclNetwork(None, None)
     result["ncclNetwork"] = nccl.network  # None: no "Using network" line yet
     result["ncclProvider"] = nccl.provider
+    result["rejectedValues"] = rejected.as_dict()  # {}: every value read from the job passed the schema
     result["logPath"] = files.log_path
     return result
 

@@ -1,8 +1,8 @@
 """What the job user gets at a start, and what it loses: root prepares the job's paths through safe_paths, so
 that no link or rename of the job user's redirects it (docs/security.md, "The job user's boundary").
 
-The job user gets only its job's own directories and file, each inside a directory root owns:
-- its log, <jobLogDir>/<job id>.log;
+The job user gets only its job's own directories, each inside a directory root owns (its log,
+<jobLogDir>/<job id>.log, is root's: the supervisor writes the job's output there):
 - its scratch, <scratch>/jobs/<job id>: its HOME and TMPDIR, so each job starts with a clean home (torch's,
   Triton's and pip's caches and ~/.local live there) that a later attempt of the same job on the node finds again;
 - a training job's checkpoint directory <checkpointRoot>/<job id> on FSx and its local checkpoint tier
@@ -24,7 +24,15 @@ from collections.abc import Iterator
 
 from node_bootstrap.accounts import Account
 from node_bootstrap.jobs.errors import JobError
-from node_bootstrap.jobs.safe_paths import open_dir, own_dir, own_file, remove_all_but, root_dir, seal_tree, trusted_dir
+from node_bootstrap.jobs.safe_paths import (
+    open_dir,
+    own_dir,
+    remove_all_but,
+    root_dir,
+    root_file,
+    seal_tree,
+    trusted_dir,
+)
 from node_bootstrap.jobs.settings import JobSettings
 from node_bootstrap.jobs.spec import (
     EXPORT_MODULE,
@@ -56,8 +64,10 @@ def prepare_job_paths(settings: JobSettings, spec: JobSpec, files: JobFiles, acc
     # What root reads and acts on (job.json, status.json, stop-request.json) stays where only root writes.
     with trusted_dir(settings.jobs_dir, account):
         pass
+    # The job log is root's too: only the supervisor writes it, from the job's output, which it caps (supervise.py),
+    # so the job can neither write past the cap into the root file system nor rewrite what was logged.
     with trusted_dir(settings.job_log_dir, account) as log_dir:
-        own_file(log_dir, os.path.basename(files.log_path), f"the job log {files.log_path}", account)
+        root_file(log_dir, os.path.basename(files.log_path), f"the job log {files.log_path}", account)
     home = prepare_job_scratch(settings, spec.job_id, account)
     # every start ends what earlier jobs left writable, a commcheck's too: it runs code as the job user as well
     training = spec.module == TRAINING_MODULE

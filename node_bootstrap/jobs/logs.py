@@ -10,8 +10,15 @@ CLOUDWATCH_AGENT_CTL = "/opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-a
 CLOUDWATCH_JOBS_CONFIG_DIR = "/etc/cluster/cloudwatch-agent-jobs"
 
 
-def build_cloudwatch_config(settings: JobSettings, job_id: str, log_path: str) -> dict[str, object]:
-    """An agent config fragment that ships this job's log; `append-config` merges it with the bootstrap's."""
+METRICS_STREAM = "metrics/jobs/{job_id}/{{instance_id}}"  # outside jobs/<id>/: `clusterctl logs` shows no EMF
+
+
+def build_cloudwatch_config(settings: JobSettings, job_id: str, log_path: str,
+                            metrics_path: str = "") -> dict[str, object]:
+    """An agent config fragment that ships this job's log, and the metrics the supervisor publishes for it
+    (job_metrics.py) to a stream of their own; `append-config` merges it with the bootstrap's."""
+    metrics = [{"file_path": metrics_path, "log_group_name": settings.log_group_name,
+                "log_stream_name": METRICS_STREAM.format(job_id=job_id)}] if metrics_path else []
     return {
         "logs": {
             "logs_collected": {
@@ -23,14 +30,14 @@ def build_cloudwatch_config(settings: JobSettings, job_id: str, log_path: str) -
                             # {instance_id} is expanded by the agent (CloudWatch agent configuration docs).
                             "log_stream_name": f"jobs/{job_id}/{{instance_id}}",
                         }
-                    ]
+                    ] + metrics
                 }
             }
         }
     }
 
 
-def maybe_ship_job_log(settings: JobSettings, job_id: str, log_path: str) -> str:
+def maybe_ship_job_log(settings: JobSettings, job_id: str, log_path: str, metrics_path: str = "") -> str:
     """Adds the job log to the CloudWatch agent when the agent is installed; returns what happened. A
     failure here does not stop the job: its log is still on the node."""
     ctl = under_root(settings.root, CLOUDWATCH_AGENT_CTL)
@@ -39,7 +46,7 @@ def maybe_ship_job_log(settings: JobSettings, job_id: str, log_path: str) -> str
     config_dir = under_root(settings.root, CLOUDWATCH_JOBS_CONFIG_DIR)
     os.makedirs(config_dir, exist_ok=True)
     config_path = os.path.join(config_dir, job_id + ".json")
-    write_json_atomic(config_path, build_cloudwatch_config(settings, job_id, log_path))
+    write_json_atomic(config_path, build_cloudwatch_config(settings, job_id, log_path, metrics_path))
     argv = [ctl, "-a", "append-config", "-m", "ec2", "-c", "file:" + config_path, "-s"]
     try:
         result = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120,

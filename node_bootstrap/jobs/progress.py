@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Callable, Optional
 
-from node_bootstrap.jobs.control import find_last_event
+from node_bootstrap.jobs.job_report import Rejections, checked_int, find_last_event
 from node_bootstrap.jobs.spec import utc_now
 
 RESTART_MARKER = b"failed (exitcode: "
@@ -46,14 +46,18 @@ class ProgressWatch:
     """Thread-safe: the supervisor's output thread observes, its watchdog thread asks `overdue`."""
 
     def __init__(self, hang_timeout_s: float, start_timeout_s: float, *, floor_s: float = 0.0,
-                 factor: float = HANG_FACTOR, clock: Callable[[], float] = time.monotonic) -> None:
+                 factor: float = HANG_FACTOR, clock: Callable[[], float] = time.monotonic,
+                 rejected: Optional[Rejections] = None) -> None:
         self.hang_timeout_s = hang_timeout_s  # the upper bound
         self.start_timeout_s = start_timeout_s
         self.floor_s = min(floor_s, hang_timeout_s)
         self.factor = factor
         self._clock = clock
         self._lock = threading.Lock()
-        self.last_step: Optional[object] = None  # the step number of the last step line
+        # where a step that fails job_report's schema is counted (the supervisor's, recorded in its status)
+        self.rejected = rejected if rejected is not None else Rejections()
+        # the step number of the last step line; None when it was no int in range (it still counts as progress)
+        self.last_step: Optional[int] = None
         self.last_step_at: Optional[str] = None  # its UTC time
         self.slowest_interval_s = 0.0  # between two step lines, since the trainer (re)started
         self.intervals = 0
@@ -84,7 +88,8 @@ class ProgressWatch:
                         self.slowest_interval_s = max(self.slowest_interval_s, now - self._last_step_clock)
                         self.intervals += 1
                     self._last_step_clock = now
-                    self.last_step, self.last_step_at = event.get("step"), utc_now()
+                    self.last_step = checked_int(event.get("step"), "lastStepSeen", self.rejected)
+                    self.last_step_at = utc_now()
                     self._waiting_for = "a step"
                     self._timeout_s, self._basis = self.hang_timeout()
                     self._deadline = now + self._timeout_s

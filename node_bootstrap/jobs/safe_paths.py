@@ -131,24 +131,35 @@ def own_dir(parent_fd: int, name: str, where: str, account: Account) -> int:
     return fd
 
 
-def own_file(parent_fd: int, name: str, where: str, account: Account) -> None:
-    """The job's file `name` in `parent_fd` (its log): created when missing, the job user's; refused when it is
-    a link or not a regular file."""
+def root_file(parent_fd: int, name: str, where: str, account: Account) -> None:
+    """Root's file `name` in `parent_fd` (a job's log, which only its supervisor writes): created when missing;
+    one the job user was given by an earlier start becomes root's, 0644; a name with a second link (one the user
+    made while it owned the file) is replaced by a new file; refused when it is a link or not a regular file."""
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-    try:
-        fd = os.open(name, flags, 0o644, dir_fd=parent_fd)
-    except OSError as e:
-        if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
-            raise _refusal(parent_fd, name, where, "a regular file") from None
-        raise JobError(f"cannot open {where}: {e.strerror or e}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise JobError(f"{where} exists and is not a regular file")
-        if guarded(account) and (info.st_uid, info.st_gid) != (account.uid, account.gid):
-            os.fchown(fd, account.uid, account.gid)
-    finally:
-        os.close(fd)
+    for _ in range(2):
+        try:
+            fd = os.open(name, flags, 0o644, dir_fd=parent_fd)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                raise _refusal(parent_fd, name, where, "a regular file") from None
+            raise JobError(f"cannot open {where}: {e.strerror or e}") from None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise JobError(f"{where} exists and is not a regular file")
+            if not guarded(account):
+                return
+            if info.st_nlink > 1:
+                os.unlink(name, dir_fd=parent_fd)
+                continue
+            if (info.st_uid, info.st_gid) != (0, 0):
+                os.fchown(fd, 0, 0)
+            if stat.S_IMODE(info.st_mode) != 0o644:
+                os.fchmod(fd, 0o644)
+            return
+        finally:
+            os.close(fd)
+    raise JobError(f"{where} got a second link again while it was replaced: refused")
 
 
 def remove_all_but(dir_fd: int, keep: str) -> None:

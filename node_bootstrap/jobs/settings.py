@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from node_bootstrap.config import DEFAULT_JOB_HANG_FLOOR_SECONDS, ConfigError, load_node_config
 from node_bootstrap.jobs.errors import EXIT_USAGE, JobError
+from node_bootstrap.jobs.job_output import JOB_LINE_MAX_BYTES, JOB_LOG_MAX_BYTES
 
 DEFAULT_NODE_CONFIG = "/etc/cluster/node-config.json"
 LOCAL_CHECKPOINTS = "checkpoints"  # under the node's scratch: the local checkpoint tier of the job running there
@@ -38,6 +39,17 @@ class JobSettings:
     local_checkpoint_root: str = ""
     # <scratch.mountPoint>/jobs: each job's own scratch <root>/<job id>, its HOME and TMPDIR; "": none
     job_scratch_root: str = ""
+    # the most of a job's output its log keeps on the root file system, all attempts together; and of one line
+    # (job_output.py): the rest is counted in the status, not kept
+    job_log_max_bytes: int = JOB_LOG_MAX_BYTES
+    # training.jobTableName: the job table a `start` is checked against (job_table.py); "": none, unchecked
+    job_table_name: str = ""
+    region: str = ""  # the node's region: where the job table is
+    # what the supervisor publishes a job's step metrics under (job_metrics.py): metrics.namespace, and the
+    # Cluster dimension's value, the stack's name
+    metrics_namespace: str = "TrainingCluster"
+    stack_name: str = "local"
+    job_line_max_bytes: int = JOB_LINE_MAX_BYTES
 
 
 def load_settings(root: str = "/", node_config: str = DEFAULT_NODE_CONFIG) -> JobSettings:
@@ -63,4 +75,8 @@ def load_settings(root: str = "/", node_config: str = DEFAULT_NODE_CONFIG) -> Jo
         hang_floor_s=float(training.job_hang_floor_seconds),
         local_checkpoint_root=os.path.join(under_root(root, config.scratch.mount_point), LOCAL_CHECKPOINTS),
         job_scratch_root=os.path.join(under_root(root, config.scratch.mount_point), JOB_SCRATCH),
+        job_table_name=training.job_table_name,
+        region=config.region,
+        metrics_namespace=config.metrics.namespace,
+        stack_name=config.stack_name,
     )

@@ -187,6 +187,8 @@ class JobFiles:
     supervisor_log: str  # the supervisor's own stderr (direct launcher); systemd keeps it in the journal
     stop_request_path: str  # STOP_REQUEST_FILE: why someone other than `cancel` stopped the job
     log_path: str  # torchrun's output, shipped to CloudWatch
+    # the trainer's step metrics as the supervisor publishes them (EMF; job_metrics.py), root's, shipped too
+    metrics_path: str
     unit: str  # systemd unit name
 
     @classmethod
@@ -199,6 +201,7 @@ class JobFiles:
             supervisor_log=os.path.join(job_dir, "supervisor.log"),
             stop_request_path=os.path.join(job_dir, STOP_REQUEST_FILE),
             log_path=os.path.join(settings.job_log_dir, job_id + ".log"),
+            metrics_path=os.path.join(settings.job_log_dir, job_id + ".metrics.log"),
             unit=UNIT_PREFIX + job_id,
         )
 

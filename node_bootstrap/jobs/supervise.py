@@ -26,8 +26,11 @@ from typing import BinaryIO, Callable, Optional
 
 from node_bootstrap.job_contract import TRAINER_STOPPED_LINE
 from node_bootstrap.jobs.attempt_log import attempt_marker
-from node_bootstrap.jobs.control import descendants, find_last_event
+from node_bootstrap.jobs.control import descendants
 from node_bootstrap.jobs.errors import EXIT_FAILED, EXIT_NOT_FOUND, JobError
+from node_bootstrap.jobs.job_metrics import EMF_TOKEN, MetricsFile, defused
+from node_bootstrap.jobs.job_output import OutputCap, Piece, file_size
+from node_bootstrap.jobs.job_report import Rejections, find_last_event, resume_report
 from node_bootstrap.jobs.progress import ProgressWatch
 from node_bootstrap.jobs.settings import JobSettings
 from node_bootstrap.jobs.spec import (
@@ -85,7 +88,7 @@ def job_identity(user: object) -> dict[str, object]:
 
 
 def open_log(path: str) -> BinaryIO:
-    """The job log for appending, never through a link (its directory is root's, the file the job user's)."""
+    """The job log for appending, never through a link (its directory and the file are root's)."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     return os.fdopen(fd, "ab")
 
@@ -106,8 +109,15 @@ class Supervisor:
         # Progress is the trainer's step lines: a commcheck prints none (its collectives are bounded by the
         # process-group timeout instead), and a hang timeout of 0 turns the watch off.
         watched = spec.get("module", TRAINING_MODULE) == TRAINING_MODULE and settings.hang_timeout_s > 0
-        self.watch = ProgressWatch(settings.hang_timeout_s, settings.start_timeout_s,
-                                   floor_s=settings.hang_floor_s) if watched else None
+        # values from the job's output that failed job_report's schema: dropped, counted in the status
+        self.rejected = Rejections()
+        self.watch = ProgressWatch(settings.hang_timeout_s, settings.start_timeout_s, floor_s=settings.hang_floor_s,
+                                   rejected=self.rejected) if watched else None
+        # the job's output as kept in its log: lines and the whole log bounded (job_output.py)
+        self.cap = OutputCap(settings.job_log_max_bytes, settings.job_line_max_bytes)
+        # the trainer's step metrics as the node publishes them, from the job's EMF lines (job_metrics.py)
+        self.metrics = MetricsFile(self.files.metrics_path, settings.metrics_namespace, settings.stack_name, job_id,
+                                   self.cap.log_max_bytes // 8, self.rejected)
         self.hung: Optional[str] = None  # why the job was declared hung
         self.abort: Optional[dict[str, object]] = None  # the stop request of an abort, once one came
         self.trainer_stopped = False  # the trainer logged its checkpointed stop (a stop request, on any node)
@@ -157,9 +167,15 @@ class Supervisor:
             except ProcessLookupError:
                 pass
 
+    def _record(self) -> None:
+        """status.json as the supervisor knows it now, with what it dropped of the job's output and values."""
+        self.status["rejectedValues"] = self.rejected.as_dict()
+        self.status["output"] = self.cap.counts()
+        write_json_atomic(self.files.status_path, self.status)
+
     def _finish(self, state: str, exit_code: Optional[int], **extra: object) -> int:
         self.status.update(state=state, exitCode=exit_code, endedAt=utc_now(), **extra)
-        write_json_atomic(self.files.status_path, self.status)
+        self._record()
         return exit_code if exit_code is not None else EXIT_FAILED
 
     def run(self) -> int:
@@ -194,6 +210,9 @@ class Supervisor:
             # where this attempt begins in a log the job's attempts share (status reads only what follows)
             log.write(attempt_marker(self.attempt, utc_now(), str(self.status["hostname"]), argv).encode())
             log.flush()
+            # Where this attempt's part of the log begins, in root's record: `status` reads the job's lines from
+            # here on, so no line the job prints (a forged marker) moves the boundary (control.attempt_ends).
+            self.status["logOffsetBytes"] = os.fstat(log.fileno()).st_size
             try:
                 # the job runs as the job user: setgroups, setgid, setuid in the child before exec
                 self.child = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
@@ -207,7 +226,7 @@ class Supervisor:
             if self.terminate_requested:  # SIGTERM arrived while the child was being created
                 self._on_sigterm(signal.SIGTERM, None)
             self.status["pid"] = self.child.pid
-            write_json_atomic(self.files.status_path, self.status)
+            self._record()
             watchdog = None
             if self.watch is not None:
                 watchdog = threading.Thread(target=self._watch_progress, args=(self.child, log),
@@ -244,7 +263,8 @@ class Supervisor:
     def _observe(self, line: bytes) -> None:
         """Each line of the job's output: progress for the hang watch, and the trainer's resume line (and the
         restart phases its resume and first step lines carry), recorded in the status as it comes (the line is
-        printed once per start of the trainer, so on a long run it leaves the log tail that `status` reads)."""
+        printed once per start of the trainer, so on a long run it leaves the log tail that `status` reads).
+        Every value goes through job_report's schema first: one that fails is dropped and counted."""
         if self.watch is not None:
             self.watch.observe(line)
         if _TRAINER_STOPPED in line:
@@ -254,17 +274,19 @@ class Supervisor:
         event = find_last_event(line.decode("utf-8", "replace"), ("resume", "step"))
         if event is None:
             return
-        if event["event"] == "resume":
-            self.status["resumedFromStep"] = event.get("step")
-            self.status["resumedFromTier"] = event.get("tier")
+        report = resume_report(event, self.rejected) if event["event"] == "resume" else None
+        if report is not None:
+            self.status["resumedFromStep"] = report.step
+            self.status["resumedFromTier"] = report.tier
             # with torch.compile: "snapshot" (warm from the job's compile cache) or "cold" (training/compile_cache.py)
-            self.status["compileCache"] = event.get("compile_cache")
-        phases = event.get("phases")
-        if isinstance(phases, dict):  # the times the trainer took them: the restart timeline (cluster_jobs)
+            self.status["compileCache"] = report.compile_cache
+        else:  # a step line: only its phases matter here
+            report = resume_report({"phases": event.get("phases")}, self.rejected)
+        if report.phases:  # the times the trainer took them: the restart timeline (cluster_jobs)
             recorded = self.status.setdefault("phases", {})
             assert isinstance(recorded, dict)
-            recorded.update({str(k): str(v) for k, v in phases.items() if v})
-        write_json_atomic(self.files.status_path, self.status)
+            recorded.update(report.phases)
+        self._record()
 
     def _log_line(self, log: BinaryIO, text: str) -> None:
         with self._log_lock:
@@ -311,20 +333,37 @@ class Supervisor:
 
     def _tee(self, child: "subprocess.Popen[bytes]", log: BinaryIO,
              observe: Optional[Callable[[bytes], None]] = None) -> None:
+        """The job's output into its log (and the supervisor's stdout: the journal), through the cap: a line is
+        read at most job_line_max_bytes at a time, so no line of any length is held in memory whole. Every whole
+        line is observed, kept or not: a full log must not make a running trainer look hung."""
         out = getattr(sys.stdout, "buffer", None)
         assert child.stdout is not None
-        for line in iter(child.stdout.readline, b""):
+        for piece in self.cap.lines(child.stdout):
+            first_cut, first_drop = self.cap.cut_lines == 0, self.cap.dropped_lines == 0
+            if EMF_TOKEN in piece.data:  # never EMF in the job log: the supervisor publishes what it may
+                if piece.whole:
+                    self.metrics.publish(piece.data)
+                kept = self.cap.admit(Piece(defused(piece.data), piece.whole), log_size=file_size(log))
+            else:
+                kept = self.cap.admit(piece, log_size=file_size(log))
+            if observe is not None and piece.whole:
+                observe(piece.data)
+            if (first_cut and self.cap.cut_lines) or (first_drop and self.cap.dropped_lines):
+                self._record()  # the status says so while the job runs; the end records the final counts
+            if kept is None:
+                continue
             with self._log_lock:
-                log.write(line)
+                log.write(kept)
                 log.flush()
-            if observe is not None:
-                observe(line)
             if out is not None:
                 try:
-                    out.write(line)
+                    out.write(kept)
                     out.flush()
                 except (OSError, ValueError):
                     out = None  # the journal or terminal went away; the log file still has it
+        if self.cap.dropped_bytes:  # the supervisor's own line: written past the cap, once
+            self._log_line(log, f"{utc_now()} job output not kept: {self.cap.describe()}")
+        self.metrics.close()
 
 
 def _sigkill(pids: Iterable[int]) -> None:

@@ -12,6 +12,8 @@ makes the node unhealthy, a warning is logged and counted in a metric:
 - nvlink: on NVSwitch systems a link reported <inactive> fails (DCGM's NVLink health watch treats a link
   down as a failure: NCCL would route around it slowly or not at all); a link below the speed of the
   others warns. Where nvidia-smi reports neither (an older driver, PCIe GPUs) the check is ok and says so.
+The round (rounds.py) adds imds-block and imds-block-service (imds_block.py): the job user cannot reach the
+instance metadata service, and cluster-imds-block.service did not fail at this boot; either failing fails.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ from node_bootstrap.xid import IGNORE, UNUSABLE_ACTIONS, XidEvent, parse_xid_lin
 class RoundReport:
     checks: tuple[Check, ...]
     new_xid_events: tuple[XidEvent, ...]
+
+    def with_checks(self, *checks: Check) -> RoundReport:
+        return RoundReport(self.checks + checks, self.new_xid_events)
 
     @property
     def failures(self) -> list[Check]:

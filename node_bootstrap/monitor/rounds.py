@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from node_bootstrap.config import NodeConfig
 from node_bootstrap.health import FAIL, WARN
 from node_bootstrap.host import Host
+from node_bootstrap.imds_block import MetadataProbe, check_block_service, check_metadata_blocked
 from node_bootstrap.jobs.spec import utc_now
 from node_bootstrap.monitor.actions import RESPONSES, Responder, unhealthy_reason
 from node_bootstrap.monitor.checks import RoundReport, run_round_checks
@@ -51,6 +52,10 @@ def run_round(config: NodeConfig, host: Host, runner: Runner, responder: Respond
     state = load_state(host)
     kernel_log = read_new_kernel_log(host, runner, state.kernel_log)
     report = run_round_checks(config.expected, runner, kernel_log)
+    # the metadata block, every round (issue 42): a block gone since the boot (flushed, or its unit failed at a
+    # later boot) makes the node unhealthy, as a hardware fault does
+    report = report.with_checks(check_metadata_blocked(MetadataProbe.for_node(config, host), runner),
+                                check_block_service(runner))
     _log_report(report)
     # a dry run writes nothing, not even the lock file
     with contextlib.nullcontext() if dry_run else state_lock(host):

@@ -21,7 +21,7 @@ EXPECTED_EFA = {
 }
 
 
-def _node_group(download: tuple[str, str] | None = None, **overrides):
+def _node_group(download: tuple[str, str] | None = None, job_table_arn: str | None = None, **overrides):
     settings = build_settings(**overrides)
     stack = bare_stack()
     vpc = ec2.Vpc(
@@ -55,6 +55,8 @@ def _node_group(download: tuple[str, str] | None = None, **overrides):
     )
     if download:
         nodes.allow_object_download(bucket_name=download[0], object_key=download[1])
+    if job_table_arn:
+        nodes.allow_job_table_read(table_arn=job_table_arn)
     return stack, nodes, Template.from_stack(stack)
 
 
@@ -211,6 +213,17 @@ def test_object_download_is_one_object_of_the_bucket():
     (statement,) = [s for s in _statements(template) if "s3:" in json.dumps(s["Action"])]
     assert statement["Action"] == "s3:GetObject"
     assert statement["Resource"] == "arn:aws:s3:::cdk-assets-bucket/0123abcd.zip"  # the region's partition
+
+
+def test_the_job_table_read_is_one_get_item_on_that_table():
+    # a job's `start` checks its attempt against the job table (node_bootstrap/jobs/job_table.py): GetItem, and
+    # no other DynamoDB action, on that table only
+    arn = "arn:aws:dynamodb:us-east-1:111122223333:table/Test-JobTable"
+    _, _, template = _node_group(job_table_arn=arn)
+    (statement,) = [s for s in _statements(template) if "dynamodb:" in json.dumps(s["Action"])]
+    assert (statement["Action"], statement["Resource"], statement["Effect"]) == ("dynamodb:GetItem", arn, "Allow")
+    _, _, without = _node_group()
+    assert not [s for s in _statements(without) if "dynamodb:" in json.dumps(s["Action"])]
 
 
 def test_group_tag_keys_match_what_the_nodes_write():

@@ -238,3 +238,20 @@ def test_the_other_endpoints_pass_the_stacks_account_only(isolated, endpoint):
     assert _endpoint_policies(network, template)[endpoint] == [{
         "Sid": "AccountPrincipals", "Effect": "Allow", "Principal": {"AWS": "*"}, "Action": "*", "Resource": "*",
         "Condition": ACCOUNT}]
+
+
+def test_the_job_table_endpoint_passes_one_read_of_the_table_from_the_nodes_subnets_only():
+    # issue 42: a node's `start` reads its job's item; the endpoint exists only with that statement
+    stack = bare_stack()
+    network = _new_network(stack, natGateway="false")
+    table_arn = "arn:aws:dynamodb:us-east-1:123456789012:table/jobs"
+    endpoint = network.allow_job_table_read(table_arn=table_arn)
+    template = Template.from_stack(stack)
+    properties = template.to_json()["Resources"][stack.get_logical_id(endpoint.node.default_child)]["Properties"]
+    assert properties["VpcEndpointType"] == "Gateway"
+    assert "dynamodb" in str(properties["ServiceName"])
+    assert properties["PolicyDocument"]["Statement"] == [{
+        "Sid": "JobTableGetItem", "Effect": "Allow", "Principal": {"AWS": "*"}, "Action": "dynamodb:GetItem",
+        "Resource": table_arn, "Condition": ACCOUNT}]
+    node_route_tables = [stack.resolve(s.route_table.route_table_id) for s in network.node_subnets.subnets]
+    assert properties["RouteTableIds"] == node_route_tables

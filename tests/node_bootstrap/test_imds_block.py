@@ -80,7 +80,10 @@ def test_the_plan_rejects_the_job_users_metadata_traffic_then_does_nothing(fake_
     unit = (node.root / f"etc/systemd/system/{SERVICE}").read_text()
     assert ("ExecStart=/usr/bin/python3 -m node_bootstrap run --only imdsblock "
             "--config /etc/cluster/node-config.json") in unit
-    assert "Before=network-pre.target" in unit and "Environment=PYTHONPATH=/opt/cluster/bundle" in unit
+    # after the network is up (the verification tells the block's REJECT from no route), before the SSM agent
+    assert "After=network-online.target iptables.service" in unit and "Wants=network-online.target" in unit
+    assert "Before=amazon-ssm-agent.service snap.amazon-ssm-agent.amazon-ssm-agent.service" in unit
+    assert "Environment=PYTHONPATH=/opt/cluster/bundle" in unit
     assert SERVICE in node.enabled_units
     # the step verified its work: the probe ran as cluster-job against both metadata addresses
     assert node.runner.commands(mutating=False)[-1] == (

@@ -231,6 +231,10 @@ def test_systemd_launcher_and_cloudwatch_agent(node_factory, tmp_path):
         "file_path": str(node.root / "var/log/cluster/jobs/j-unit-1.log"),
         "log_group_name": "/training-cluster/TrainingClusterStack",
         "log_stream_name": "jobs/j-unit-1/{instance_id}",
+    }, {  # the trainer's metrics as the supervisor publishes them (node_bootstrap/jobs/job_metrics.py)
+        "file_path": str(node.root / "var/log/cluster/jobs/j-unit-1.metrics.log"),
+        "log_group_name": "/training-cluster/TrainingClusterStack",
+        "log_stream_name": "metrics/jobs/j-unit-1/{instance_id}",
     }]
     assert out["cloudwatch"].startswith("shipping to CloudWatch Logs /training-cluster/TrainingClusterStack")
 

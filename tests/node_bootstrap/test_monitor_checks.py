@@ -57,7 +57,7 @@ def test_healthy_p5_report_names_every_check(monitored):
     report = json.loads(run_json(monitored))
     assert {c["name"]: c["status"] for c in report["checks"]} == {
         "gpu-count": "ok", "gpu-memory": "ok", "gpu-ecc": "ok", "gpu-row-remap": "ok", "xid": "ok", "efa": "ok",
-        "gpu-throttle": "ok", "nvlink": "ok"}
+        "gpu-throttle": "ok", "nvlink": "ok", "imds-block": "ok", "imds-block-service": "ok"}
     nvlink = {c["name"]: c["detail"] for c in report["checks"]}["nvlink"]
     assert nvlink == "144 links active on 8 GPUs at 26.562 GB/s"
 

@@ -8,7 +8,8 @@ import pytest
 
 # The endpoint of each service the node role names (cluster_constructs/network.py, INTERFACE_ENDPOINTS).
 ENDPOINTS = {"ssm": "Ssm", "ssmmessages": "SsmMessages", "ec2messages": "Ec2Messages", "logs": "Logs",
-             "cloudwatch": "Monitoring", "ec2": "Ec2", "autoscaling": "AutoScaling", "s3": "S3"}
+             "cloudwatch": "Monitoring", "ec2": "Ec2", "autoscaling": "AutoScaling", "s3": "S3",
+             "dynamodb": "DynamoDb"}
 
 
 def _listed(value):
