@@ -43,6 +43,12 @@ def note(runtime: Runtime, text: str) -> None:
     print(f"clusterctl: note: {terminal_safe(text)}", file=runtime.err, flush=True)
 
 
+def warn(runtime: Runtime, text: str) -> None:
+    """A setting that works against the user's intent (a warmup the run never finishes), on stderr: the command
+    still does what it was asked."""
+    print(f"clusterctl: warning: {terminal_safe(text)}", file=runtime.err, flush=True)
+
+
 def stack_outputs(args: argparse.Namespace, runtime: Runtime) -> StackOutputs:
     """The outputs of the stack --stack names, in the command's region."""
     assert runtime.context is not None

@@ -17,7 +17,7 @@ from training.config import load_config
 from training.fp8 import build_fp8_backend
 from training.hf.load import load_hf_weights, resolve_init_model
 from training.optim import build_optimizer
-from training.parallelize import init_distributed
+from training.parallel.process_group import init_distributed
 from training.train import build_model, train
 
 

@@ -3,10 +3,11 @@
     torchrun --nproc_per_node=8 --nnodes=N ... -m training --config 1b --set run.steps=1000
     python -m training      # the embedded default, training/configs/tiny-cpu.toml, on the CPU
 
-Exit codes: 0 done (also after a SIGTERM that saved a checkpoint), 2 configuration error (one line on stderr,
-no traceback), 1 anything else (with its traceback). They are what torchrun and the job's supervisor see: before
+Exit codes: 0 done (also after a SIGTERM or a Ctrl-C that saved a checkpoint), 2 configuration error (one line on
+stderr, no traceback), 130 a second Ctrl-C (stopped at once, one line, nothing saved), 1 anything else (with its
+traceback). They are what torchrun and the job's supervisor see: before
 the interpreter's shutdown, cli() frees the process groups, whose threads would otherwise outlive the run and
-could abort the exit (parallelize.release_process_groups).
+could abort the exit (parallel.process_group.release_process_groups).
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ import os
 import sys
 
 from training.config import packaged_config_names  # no torch: the config layer imports none
+from training.config.help_text import HelpFormatter, examples
 from training.errors import ConfigError
-from training.help_text import HelpFormatter, examples
 from training.startup import frozen_imports
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
+EXIT_INTERRUPTED = 130  # the shell's 128 + SIGINT: stopped at once by a second Ctrl-C
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,15 +100,19 @@ def main(argv: list[str] | None = None, *, freeze_imports: bool = False) -> int:
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    except KeyboardInterrupt:  # a second Ctrl-C (training.faults), or one before the trainer was started
+        print("interrupted: stopped at once, without saving a checkpoint (the newest complete one stays)",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
     if result.stopped_by_signal:
-        logging.getLogger("training").warning("stopped by SIGTERM after step %d (checkpoint saved)",
+        logging.getLogger("training").warning("stopped by %s after step %d (checkpoint saved)", result.stop_signal,
                                               result.steps_done)
     return EXIT_OK
 
 
 def cli(argv: list[str] | None = None) -> int:
     """The process's entry point: main(), then nothing of the run left running into the interpreter's
-    shutdown, so the process exits with main's code (parallelize.release_process_groups says why)."""
+    shutdown, so the process exits with main's code (parallel.process_group.release_process_groups says why)."""
     try:
         code = main(argv, freeze_imports=True)
     except BaseException:  # exit 1, with the traceback Python prints after this
@@ -121,7 +127,7 @@ def _release(*, after_error: bool) -> None:
         return
     import torch
 
-    from training.parallelize import release_process_groups
+    from training.parallel.process_group import release_process_groups
 
     # after an error on CUDA the group stays: NCCL's teardown may wait on a collective a failed peer never joins
     release_process_groups(destroy=not (after_error and torch.cuda.is_available()))

@@ -38,14 +38,15 @@ import torch
 
 from training.checkpoint.checkpointer import CheckpointConfig, Checkpointer, SaveTimings
 from training.checkpoint.layout import is_complete, step_dir
-from training.config_sections import STAGING_MODES
-from training.data import DataConfig, Prefetcher, build_batch_source
+from training.config.parallel import ParallelConfig
+from training.config.sections import STAGING_MODES
+from training.data.batches import DataConfig, Prefetcher, build_batch_source
+from training.data.shards import ShardWriter
 from training.errors import ConfigError
 from training.fp8 import NoFp8
 from training.model import MODEL_PRESETS, build_model_config, count_params
 from training.optim import OptimConfig, build_optimizer
-from training.parallelize import ParallelConfig, destroy_distributed, init_distributed
-from training.shards import ShardWriter
+from training.parallel.process_group import destroy_distributed, init_distributed
 
 GIB = 1024**3
 

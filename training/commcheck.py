@@ -36,7 +36,8 @@ import torch
 import torch.distributed as dist
 
 from training.errors import ConfigError
-from training.parallelize import DTYPES, DistInfo, destroy_distributed, init_distributed
+from training.parallel.fsdp import DTYPES
+from training.parallel.process_group import DistInfo, destroy_distributed, init_distributed
 
 EXIT_OK = 0
 EXIT_FAILED = 1

@@ -12,8 +12,8 @@ import argparse
 import logging
 import sys
 
+from training.config.help_text import HelpFormatter, examples
 from training.errors import ConfigError
-from training.help_text import HelpFormatter, examples
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 # On the cluster, `clusterctl export JOB [--step N]` runs this as a job of its own (README, "Continue training a

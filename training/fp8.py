@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from training.config_sections import Fp8Config
+from training.config.sections import Fp8Config
 from training.errors import ConfigError
 
 TE_MIN_VERSION = (2, 16)  # the first Transformer Engine release whose modules work under FSDP2
@@ -45,6 +45,8 @@ class Fp8Backend(Protocol):
     """What the training loop and the bench call; see the module docstring for the order."""
 
     name: str
+    # whether tensor parallelism uses torchao's Float8 column/row-wise styles (training.parallel.tp)
+    float8_tensor_parallel: bool
 
     def convert(self, model: nn.Module) -> None:
         """Swap eligible linears in place (before AC, compile and fully_shard)."""
@@ -72,6 +74,7 @@ class NoFp8:
     """``none``: matmuls in the FSDP2 param dtype (bf16 on GPU)."""
 
     name = "none"
+    float8_tensor_parallel = False
 
     def convert(self, model: nn.Module) -> None:
         pass
@@ -104,6 +107,9 @@ class TorchaoFp8:
         self.config = dataclasses.replace(
             base, emulate=cfg.emulate, enable_fsdp_float8_all_gather=self.fsdp_float8_all_gather
         )
+        # torchao's Float8 TP styles cast with tensorwise scales before the collectives; rowwise scaling runs
+        # under the plain styles (torchtitan makes the same choice)
+        self.float8_tensor_parallel = cfg.torchao_recipe == "tensorwise"
 
     def convert(self, model: nn.Module) -> None:
         self.float8.convert_to_float8_training(model, module_filter_fn=fp8_eligible, config=self.config)
@@ -124,6 +130,7 @@ class TransformerEngineFp8:
     DelayedScaling or Float8CurrentScaling recipe (HYBRID format: E4M3 forward, E5M2 gradients)."""
 
     name = "te"
+    float8_tensor_parallel = False  # te with tp > 1 is refused (training.parallel.layout)
 
     def __init__(self, cfg: Fp8Config) -> None:
         self.te = import_transformer_engine()

@@ -43,8 +43,8 @@ from typing import Any, TextIO
 import torch
 import torch.distributed as dist
 
-from training.config_metrics import MetricsConfig
-from training.config_sections import JOB_ID_ENV
+from training.config.metrics import MetricsConfig
+from training.config.sections import JOB_ID_ENV
 from training.tensorboard import EventFileWriter, scalars_of
 from training.validation import ValidationResult
 
@@ -148,7 +148,10 @@ def build_emf_record(record: dict[str, Any], *, namespace: str, cluster: str, jo
     values: dict[str, float] = {}
     units: dict[str, str] = {}
     for name, get, unit in _EMF_METRICS:
-        value = get(record)
+        try:
+            value = get(record)
+        except KeyError:  # the step-0 validation record holds no training step's fields
+            continue
         if value is None or isinstance(value, bool) or not math.isfinite(value):
             continue
         values[name], units[name] = float(value), unit
@@ -205,7 +208,8 @@ class MetricsLogger:
 
     def __init__(self, cfg: MetricsConfig, *, rank: int, world_size: int, device: torch.device,
                  model: ThroughputModel, stdout: TextIO | None = None, stderr: TextIO | None = None,
-                 local_rank: int = 0, tensorboard: EventFileWriter | None = None):
+                 local_rank: int = 0, tensorboard: EventFileWriter | None = None,
+                 layout: dict[str, int] | None = None):
         self.cfg = cfg
         self.rank = rank
         self.local_rank = local_rank  # rank on this node: 0 prints the node's progress line
@@ -219,6 +223,7 @@ class MetricsLogger:
         self.emf_cluster = os.environ.get(CLUSTER_ENV) or "local"
         self.emf_job_id = os.environ.get(JOB_ID_ENV) or "local"
         self.tensorboard = tensorboard  # rank 0's event file writer (training.tensorboard.open_tensorboard)
+        self.layout = layout  # the job's [parallel] degrees (Layout.settings()), carried in every step record
 
     def log_step(self, *, step: int, total_steps: int, loss: torch.Tensor, lr: float, grad_norm: torch.Tensor,
                  step_time_s: float, validation: ValidationResult | None = None,
@@ -242,7 +247,11 @@ class MetricsLogger:
         rows = torch.stack(gathered).cpu().tolist()
         times = [row[0] for row in rows]
         mean_loss = sum(row[1] for row in rows) / len(rows)
+        # the mean over every rank: the ranks of a tp group hold the same loss of the same samples, so each
+        # data-parallel rank's loss counts tp times, and the mean is still the one over the step's samples
         record: dict[str, Any] = {"event": "step", "step": step, "loss": mean_loss, "lr": lr}
+        if self.layout is not None:
+            record["layout"] = self.layout
         if phases:
             record["phases"] = phases
         ranks = summarize_ranks(times)
@@ -259,6 +268,28 @@ class MetricsLogger:
             self._emit_emf({**record, "run_steps": total_steps, "step_time_s_median": median_step_time(times)})
         if self.tensorboard is not None:
             self.tensorboard.add_scalars(step, scalars_of(record))
+        return record
+
+    def log_validation(self, validation: ValidationResult, *, total_steps: int) -> dict[str, Any] | None:
+        """The held-out loss evaluated before the first step (``[validation] at_start``), as step 0: a
+        ``{"event": "validation", "step": 0, ...}`` line (not a "step" line: no step ran, and the jobs launcher
+        counts progress by those), its progress line, EMF and TensorBoard. Rank 0 emits and returns the record;
+        not collective (every rank holds the same result)."""
+        if self.rank != 0:
+            return None
+        record = {"event": "validation", "step": validation.step, "val_loss": validation.loss,
+                  "val_perplexity": validation.perplexity, "val_time_s": validation.time_s}
+        if self.cfg.json_lines:
+            self.stdout.write(json.dumps(_json_safe(record), allow_nan=False) + "\n")
+            self.stdout.flush()
+        if self.cfg.progress:
+            self.stderr.write(f"step {validation.step}/{total_steps} val_loss {validation.loss:.4f} (perplexity "
+                              f"{validation.perplexity:.2f}), before the first step\n")
+            self.stderr.flush()
+        if self.emf:
+            self._emit_emf({**record, "run_steps": total_steps})
+        if self.tensorboard is not None:
+            self.tensorboard.add_scalars(validation.step, scalars_of(record))
         return record
 
     def _emit_emf(self, record: dict[str, Any]) -> None:

@@ -1,8 +1,8 @@
 """A Llama-style decoder: RMSNorm, rotary position embeddings, SwiGLU and grouped-query attention through
 ``scaled_dot_product_attention``.
 
-No parallelism here (nanoGPT's habit): FSDP2, FP8 and compilation are applied from outside by
-training.fp8 and training.parallelize. The module tree mirrors torchtitan's ``models/llama3/model.py``
+No parallelism here (nanoGPT's habit): tensor parallelism, FSDP2, FP8 and compilation are applied from
+outside by training.fp8 and training.parallel. The module tree mirrors torchtitan's ``models/llama3/model.py``
 (``tok_embeddings``, ``layers``, ``norm``, ``output``) so the per-block FSDP2 wrapping and the FP8 module
 filter can address the parts by name. The model is built on the meta device and initialised after sharding, so
 ``init_weights()`` is the only place that gives parameters their values.
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, _sdpa_kernel
 
-from training.config_sections import MODEL_PRESETS, ModelConfig  # noqa: F401  (re-export)
+from training.config.sections import MODEL_PRESETS, ModelConfig  # noqa: F401  (re-export)
 from training.errors import ConfigError
 from training.loss import cross_entropy_loss, fused_linear_cross_entropy
 
@@ -122,17 +122,20 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         batch, seq_len, _ = x.shape
-        q = self.wq(x).view(batch, seq_len, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(batch, seq_len, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(batch, seq_len, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        # Heads from the projections' widths, not from n_heads: under tensor parallelism each rank computes
+        # heads / tp of them (torchtitan infers them the same way); the model never learns of the split.
+        q = self.wq(x).view(batch, seq_len, -1, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(batch, seq_len, -1, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(batch, seq_len, -1, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         # Each kv head serves n_heads / n_kv_heads query heads. Repeating k and v (torchtitan's repeat_kv)
         # rather than SDPA's enable_gqa=True keeps every fused backend (flash, cuDNN, memory-efficient)
         # eligible: enable_gqa rules some of them out and the math fallback would materialise T x T scores.
         # The copies cost 2 x B x T x dim activations per layer.
-        k, v = _repeat_kv(k, self.n_heads // self.n_kv_heads), _repeat_kv(v, self.n_heads // self.n_kv_heads)
+        n_rep = q.shape[1] // k.shape[1]  # = n_heads / n_kv_heads, on every tp rank alike
+        k, v = _repeat_kv(k, n_rep), _repeat_kv(v, n_rep)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # in set_sdpa_priority's order
-        return self.wo(out.transpose(1, 2).reshape(batch, seq_len, self.n_heads * self.head_dim))
+        return self.wo(out.transpose(1, 2).reshape(batch, seq_len, -1))
 
 
 def _repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:

@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 
 from training.config import TrainConfig
-from training.data import open_checked_shards
+from training.data.batches import open_checked_shards
+from training.data.shards import TokenShards
 from training.errors import ConfigError
-from training.shards import TokenShards
 
 log = logging.getLogger(__name__)
 

@@ -4,12 +4,12 @@ training FLOPs per token.
 training.model (the torch module) re-exports all of it. It lives apart so that code which only plans a run
 (``clusterctl plan``: memory, time and cost per instance type) computes the same numbers as the trainer's MFU
 without installing torch: one FLOP count, not two. The presets and ModelConfig themselves are in
-training.config_sections, with the other configuration sections.
+training.config.sections, with the other configuration sections.
 """
 
 from __future__ import annotations
 
-from training.config_sections import MODEL_PRESETS, ModelConfig
+from training.config.sections import MODEL_PRESETS, ModelConfig
 from training.errors import ConfigError
 
 

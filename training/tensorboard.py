@@ -27,8 +27,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from training.config_metrics import MetricsConfig
-from training.config_sections import JOB_ID_ENV
+from training.config.metrics import MetricsConfig
+from training.config.sections import JOB_ID_ENV
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,10 @@ def scalars_of(record: Mapping[str, Any]) -> dict[str, float]:
     """The step record's scalars; absent, non-finite and beyond-float32 values are left out (as in EMF)."""
     out = {}
     for tag, get in SCALARS:
-        value = get(record)
+        try:
+            value = get(record)
+        except KeyError:  # the step-0 validation record holds no training step's fields
+            continue
         if value is not None and not isinstance(value, bool) and math.isfinite(value) and abs(value) <= _FLOAT32_MAX:
             out[tag] = float(value)
     return out

@@ -1,8 +1,9 @@
 """The training run: the build order, written once, then the loop.
 
-Build order (torchtitan's train.py): process group -> model on the meta device ->
-FP8 conversion -> activation checkpointing -> per-block compile -> fully_shard per block, then the root ->
-to_empty on the device -> seeded init_weights -> optimizer -> resume -> loop. Each step is one comment below.
+Build order (torchtitan's train.py): the layout checked -> process group -> named mesh -> model on the meta
+device -> FP8 conversion -> tensor parallelism -> activation checkpointing -> per-block compile -> fully_shard
+per block, then the root -> to_empty on the device -> seeded init_weights -> optimizer -> resume -> loop. Each
+step is one comment below.
 
 Step numbering: ``step`` in the loop is the 0-based index of the optimizer step being taken; the logs, the
 JSON lines and the checkpoint directories count completed steps (``done = step + 1``), so ``step-10/`` holds
@@ -11,6 +12,7 @@ the state after 10 steps and a resume from it continues with index 10.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import os
@@ -22,7 +24,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.compat import schedule_change
@@ -38,27 +39,30 @@ from training.compile_cache import (
     save_compile_cache,
 )
 from training.config import TrainConfig
-from training.data import Batch, Prefetcher, build_batch_source
+from training.config.parallel import ParallelConfig
+from training.config.schedule import describe_lr_schedule, run_length_warnings
+from training.data.batches import Prefetcher, build_batch_source
 from training.errors import ConfigError
 from training.faults import StopRequest
 from training.fp8 import Fp8Backend, build_fp8_backend, describe_fp8, te_unverified_combinations
 from training.hardware import peak_bf16_tflops_per_gpu
 from training.hf.export import export_checkpoint
 from training.hf.load import load_hf_weights, resolve_init_model
-from training.loss import cross_entropy_loss
 from training.metrics import MetricsLogger, ThroughputModel, log_resume, phase_time
 from training.model import ModelConfig, Transformer, flops_per_token, num_params
 from training.optim import apply_lr, build_optimizer, lr_at
-from training.parallelize import (
+from training.parallel.layout import Layout, resolve_layout
+from training.parallel.mesh import build_mesh
+from training.parallel.parallelize import apply_parallelism
+from training.parallel.process_group import (
     DistInfo,
-    ParallelConfig,
-    apply_parallelism,
-    build_data_parallel_mesh,
     destroy_distributed,
     init_distributed,
+    launch_sizes,
     set_process_group_timeout,
 )
 from training.preflight import run_preflight
+from training.step import clip_grad_norm_, forward_backward
 from training.tensorboard import open_tensorboard
 from training.validation import Validator, build_validator
 
@@ -71,7 +75,8 @@ class TrainResult:
 
     start_step: int  # completed steps when this run began (the resumed checkpoint's step, or 0)
     steps_done: int  # completed steps when it ended
-    stopped_by_signal: bool  # True when SIGTERM ended it early (after a checkpoint)
+    stopped_by_signal: bool  # True when SIGTERM or SIGINT ended it early (after a checkpoint)
+    stop_signal: str = ""  # which, agreed by the ranks: "SIGTERM" or "SIGINT" (training.faults); "" when none
 
 
 def train(cfg: TrainConfig, *, resume: str = "auto", local_resume: bool | None = None,
@@ -87,17 +92,22 @@ def train(cfg: TrainConfig, *, resume: str = "auto", local_resume: bool | None =
     # init.hf_dir: the model's shape is its config.json's (or the copy a fresh start left in checkpoint.dir)
     cfg = resolve_init_model(cfg)
     run_preflight(cfg, rank=int(os.environ.get("RANK", "0")))  # a bad setting fails here, before any build
+    # the layout: one that cannot run (degrees, tp against the model and a node, the batch) fails here on every
+    # rank alike, before the rendezvous and any collective
+    world_size, gpus_per_node = launch_sizes()
+    layout = resolve_layout(cfg.parallel, world_size=world_size, gpus_per_node=gpus_per_node, model=cfg.model,
+                            run=cfg.run, fp8_backend=cfg.fp8.backend)
     if local_resume is None:
         local_resume = resume == "auto"
-    # 0) from here on a SIGTERM is a request to stop at the next step boundary, not an immediate death
+    # 0) from here on a SIGTERM or a Ctrl-C is a request to stop at the next step boundary, not an immediate death
     with StopRequest() as stop:
-        return _build_and_train(cfg, resume, local_resume, overwrite_checkpoints, stop)
+        return _build_and_train(cfg, resume, local_resume, overwrite_checkpoints, stop, layout)
 
 
 def _build_and_train(cfg: TrainConfig, resume: str, local_resume: bool, overwrite: bool,
-                     stop: StopRequest) -> TrainResult:
+                     stop: StopRequest, layout: Layout) -> TrainResult:
     # 1) process group and device: nccl on CUDA (plus gloo for CPU tensors), gloo on the CPU
-    dist_info = init_distributed(cfg.parallel.init_timeout_seconds)
+    dist_info = dataclasses.replace(init_distributed(cfg.parallel.init_timeout_seconds), layout=layout)
     rendezvous_done = phase_time()  # the restart timeline's phases (the resume line carries them)
     # Inductor writes into this run's own directory, which a restart restores on a node that lacks it
     compile_cache = compile_cache_for(cfg, dist_info.world_size)
@@ -124,19 +134,27 @@ def _train_in_group(cfg: TrainConfig, resume: str, local_resume: bool, overwrite
                     dist_info: DistInfo, compile_cache: CompileCache | None = None,
                     rendezvous_done: str | None = None) -> TrainResult:
     device = dist_info.device
+    layout = dist_info.layout or Layout(dp_replicate=1, dp_shard=dist_info.world_size, tp=1)
     log.info("rank %d/%d pid %d device %s", dist_info.rank, dist_info.world_size, os.getpid(), device)
     if dist_info.is_main:  # what this run computes with, before anything is built
         log.info("torch %s; fp8: %s", torch.__version__, describe_fp8(
             cfg.fp8, param_dtype=cfg.parallel.param_dtype, reduce_dtype=cfg.parallel.reduce_dtype))
 
-    # the held-out set ([validation]) is read now: a bad one fails before the model is built
-    validator = build_validator(cfg, rank=dist_info.rank, world_size=dist_info.world_size)
-    # the step's shape: a run.global_batch_tokens these ranks cannot split into whole micro-batches fails here
-    accum = cfg.run.accumulation_steps(dist_info.world_size)
+    # the held-out set ([validation]) is read now: a bad one fails before the model is built; the ranks of a
+    # tp group read the same part of it
+    validator = build_validator(cfg, rank=dist_info.dp_rank, world_size=dist_info.dp_size,
+                                gather_size=dist_info.world_size, loss_parallel=layout.tp > 1)
+    # the step's shape: the data-parallel ranks split the global batch, so accumulation follows their number
+    accum = cfg.run.accumulation_steps(dist_info.dp_size)
     if dist_info.is_main:
-        log.info("global batch: %d tokens a step = seq %d x micro-batch %d x %d ranks x %d accumulated",
-                 cfg.run.tokens_per_step(dist_info.world_size), cfg.run.seq_len, cfg.run.micro_batch_size,
-                 dist_info.world_size, accum)
+        log.info("layout: %s (parallel.dp_replicate=%d dp_shard=%d tp=%d) on %d ranks", layout.name,
+                 layout.dp_replicate, layout.dp_shard, layout.tp, dist_info.world_size)
+        log.info("global batch: %d tokens a step = seq %d x micro-batch %d x %d data-parallel ranks x %d "
+                 "accumulated", cfg.run.tokens_per_step(dist_info.dp_size), cfg.run.seq_len,
+                 cfg.run.micro_batch_size, dist_info.dp_size, accum)
+        log.info("%s", describe_lr_schedule(cfg.optim, cfg.run.steps))
+        for warning in run_length_warnings(cfg):  # what clusterctl submit says too, before a job is sent
+            log.warning("%s", warning)
     # the durable checkpoint to resume from (rank 0's choice): a config it cannot load, or a start that would
     # save beside a newer run's checkpoints, fails now, before the model is built
     resume_path = _agree_on_resume(resume, cfg, dist_info.rank, local_resume=local_resume, overwrite=overwrite)
@@ -146,7 +164,7 @@ def _train_in_group(cfg: TrainConfig, resume: str, local_resume: bool, overwrite
     warm = restore_compile_cache(compile_cache)
     save_cache = (lambda: save_compile_cache(compile_cache)) if dist_info.is_main and not warm else None
 
-    # 2-8) the model, built in the one order (build_model)
+    # 2-9) the model, built in the one order (build_model)
     fp8 = build_fp8_backend(cfg.fp8)
     model = build_model(cfg.model, cfg.parallel, fp8, dist_info, seed=cfg.run.seed)
     log.info("model: %.2fM parameters, fp8 backend %s", num_params(model) / 1e6, fp8.name)
@@ -155,15 +173,16 @@ def _train_in_group(cfg: TrainConfig, resume: str, local_resume: bool, overwrite
         log.warning("Transformer Engine: not yet verified on a GPU by this project: %s; check them with "
                     "`python benchmarks/te_checkpoint_check.py` (docs/benchmarks.md)", "; ".join(unverified))
 
-    # 9) optimizer (FP8 backends that keep scales per weight update them after each step, below)
+    # 10) optimizer (FP8 backends that keep scales per weight update them after each step, below)
     optimizer = build_optimizer(model, cfg.optim)
 
-    # 10) resume: rank 0 picks the durable checkpoint, the ranks together the newest complete local step; the
+    # 11) resume: rank 0 picks the durable checkpoint, the ranks together the newest complete local step; the
     #     newer wins (a tie: the local one), every rank loads its shards of it; the resume line says which
     checkpointer = Checkpointer(cfg.checkpoint, rank=dist_info.rank, world_size=dist_info.world_size,
                                 config_snapshot=cfg.to_dict(), device=dist_info.device)
     local = LocalCheckpointer(cfg.checkpoint, rank=dist_info.rank, world_size=dist_info.world_size,
-                              local_world_size=dist_info.local_world_size, device=dist_info.device)
+                              local_world_size=dist_info.local_world_size, device=dist_info.device,
+                              layout=layout.settings())
     start_step, tier, fetched = 0, None, None
     durable = read_train_state(resume_path) if resume_path is not None else None
     local_choice = choose_local_resume(local, not_older_than=durable.step if durable else 0) if local_resume else None
@@ -190,7 +209,7 @@ def _train_in_group(cfg: TrainConfig, resume: str, local_resume: bool, overwrite
                phases={"rendezvous_done": rendezvous_done or phase_time(), "checkpoint_loaded": phase_time()},
                compile_cache=None if compile_cache is None else "snapshot" if warm else "cold")
 
-    # 11) the loop
+    # 12) the loop
     try:
         result = _loop(cfg, model, optimizer, fp8, checkpointer, local, stop, dist_info, start_step, validator,
                        on_first_step=save_cache)
@@ -209,24 +228,30 @@ def _train_in_group(cfg: TrainConfig, resume: str, local_resume: bool, overwrite
 
 def build_model(model_cfg: ModelConfig, parallel_cfg: ParallelConfig, fp8: Fp8Backend, dist_info: DistInfo, *,
                 seed: int) -> Transformer:
-    """Steps 2-8 of the build order, shared by train() and the benchmark: a sharded model with its initial
-    weights on ``dist_info.device``, in train mode."""
-    # 2) model on the meta device: no memory is allocated until to_empty, so a 70B model builds anywhere
+    """Steps 2-9 of the build order, shared by train() and the benchmark: a sharded model with its initial
+    weights on ``dist_info.device``, in train mode, laid out per ``dist_info.layout`` (None: FSDP over every
+    rank)."""
+    # 2) the named mesh (dp_replicate, dp_shard, tp), tp innermost so a tp group is on one node
+    layout = dist_info.layout or Layout(dp_replicate=1, dp_shard=dist_info.world_size, tp=1)
+    mesh = build_mesh(layout, dist_info.device.type)
+
+    # 3) model on the meta device: no memory is allocated until to_empty, so a 70B model builds anywhere
     with torch.device("meta"):
         model = Transformer(model_cfg)
 
-    # 3) FP8: swap eligible nn.Linear for the backend's FP8 modules, before any wrapping
+    # 4) FP8: swap eligible nn.Linear for the backend's FP8 modules, before any wrapping
     fp8.convert(model)
 
-    # 4-6) activation checkpointing (with the FP8 backend's recompute function, if it has one) -> per-block
-    #      torch.compile -> fully_shard per block, then the root
-    apply_parallelism(model, parallel_cfg, build_data_parallel_mesh(dist_info),
-                      checkpoint_fn=fp8.activation_checkpoint_fn())
+    # 5-7) tensor parallelism (torchao's FP8 styles under FP8) -> activation checkpointing (with the FP8
+    #      backend's recompute function, if it has one) -> per-block torch.compile -> fully_shard per block,
+    #      then the root, on the data-parallel mesh (HSDP when dp_replicate > 1)
+    apply_parallelism(model, parallel_cfg, mesh, checkpoint_fn=fp8.activation_checkpoint_fn(),
+                      float8_tp=fp8.float8_tensor_parallel)
 
-    # 7) allocate the (sharded) parameters on the device
+    # 8) allocate the (sharded) parameters on the device
     model.to_empty(device=dist_info.device)
 
-    # 8) initial weights from a generator seeded with ``seed``: each sharded weight is drawn whole and sliced
+    # 9) initial weights from a generator seeded with ``seed``: each sharded weight is drawn whole and sliced
     #    to this rank's shard, so the model is the same for any number of ranks (Transformer.init_weights)
     model.init_weights(seed=seed)
     model.train()
@@ -240,16 +265,18 @@ def _loop(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, 
     run = cfg.run
     device = dist_info.device
     total_steps = run.steps
-    accum = run.accumulation_steps(dist_info.world_size)  # from run.global_batch_tokens, else grad_accum_steps
+    accum = run.accumulation_steps(dist_info.dp_size)  # from run.global_batch_tokens, else grad_accum_steps
     if start_step >= total_steps:
         log.warning("checkpoint is at step %d, run.steps=%d: nothing to train", start_step, total_steps)
         return TrainResult(start_step=start_step, steps_done=start_step, stopped_by_signal=False)
 
     source = build_batch_source(
         cfg.data, seq_len=run.seq_len, vocab_size=cfg.model.vocab_size, seed=run.seed,
-        dp_rank=dist_info.rank, dp_world_size=dist_info.world_size, micro_batch_size=run.micro_batch_size,
+        dp_rank=dist_info.dp_rank, dp_world_size=dist_info.dp_size, micro_batch_size=run.micro_batch_size,
         grad_accum_steps=accum,
     )
+    if dist_info.is_main:
+        log.info("data: %s", source.describe())  # what the run reads, said once: synthetic is no surprise
     prefetcher = Prefetcher(
         source, start_step=start_step, grad_accum_steps=accum, device=device,
         depth=cfg.data.prefetch_depth_steps, pin_memory=cfg.data.pin_memory,
@@ -259,13 +286,17 @@ def _loop(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, 
         cfg.metrics, rank=dist_info.rank, local_rank=dist_info.local_rank, world_size=dist_info.world_size,
         device=device,
         model=ThroughputModel(
-            tokens_per_step=run.tokens_per_step(dist_info.world_size),
+            tokens_per_step=run.tokens_per_step(dist_info.dp_size),
             world_size=dist_info.world_size,
             flops_per_token=flops_per_token(cfg.model, run.seq_len),
             peak_tflops_per_gpu=peak_bf16_tflops_per_gpu(device),
         ),
         tensorboard=open_tensorboard(cfg.metrics, cfg.checkpoint.dir, rank=dist_info.rank, start_step=start_step),
+        layout=dist_info.layout.settings() if dist_info.layout else None,
     )
+    if validator is not None and start_step == 0 and cfg.validation.at_start:
+        # the baseline, before any step changed the weights (an imported model's own held-out loss): step 0
+        metrics.log_validation(validator.evaluate(model, step=0, device=device), total_steps=total_steps)
     stopped = False
     done = start_step
     compiled = ""
@@ -274,8 +305,9 @@ def _loop(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, 
         for step in range(start_step, total_steps):
             lr = lr_at(step, cfg.optim, total_steps)
             apply_lr(optimizer, lr)
-            loss = _forward_backward(model, fp8, prefetcher.next_step(), accum,
-                                     loss_chunk_tokens=cfg.parallel.loss_chunk_tokens)
+            loss = forward_backward(model, fp8, prefetcher.next_step(), accum,
+                                    loss_chunk_tokens=cfg.parallel.loss_chunk_tokens,
+                                    loss_parallel=dist_info.layout is not None and dist_info.layout.tp > 1)
             if step == start_step:  # torch.compile compiles in the first forward and backward of a start
                 compiled = phase_time()
             grad_norm = clip_grad_norm_(model, cfg.optim.max_grad_norm)
@@ -319,7 +351,8 @@ def _loop(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, 
                 local.save(done, model, optimizer)
     finally:
         prefetcher.close()
-    return TrainResult(start_step=start_step, steps_done=done, stopped_by_signal=stopped)
+    return TrainResult(start_step=start_step, steps_done=done, stopped_by_signal=stopped,
+                       stop_signal=stop.signal_name if stopped else "")
 
 
 def _agree_on_resume(resume: str, cfg: TrainConfig, rank: int, *, local_resume: bool,
@@ -338,44 +371,3 @@ def _agree_on_resume(resume: str, cfg: TrainConfig, rank: int, *, local_resume: 
     if isinstance(choice[0], ConfigError):
         raise choice[0]
     return choice[0]  # type: ignore[return-value]
-
-
-def _forward_backward(model: nn.Module, fp8: Fp8Backend, micro_batches: list[Batch],
-                      grad_accum_steps: int, *, loss_chunk_tokens: int = 0) -> torch.Tensor:
-    """Accumulate gradients over the step's micro-batches; returns the step's mean loss (detached).
-
-    Each micro-batch loss is a mean over its tokens; dividing by the number of micro-batches makes the summed
-    gradients those of the mean over all the step's tokens (every micro-batch has the same token count).
-    ``loss_chunk_tokens`` > 0 (``parallel.loss_chunk_tokens``): the model computes the loss itself, fused with
-    its output head over chunks of that many tokens (Transformer.forward with targets); 0: from the full
-    logits the model returns (any model that maps tokens to logits, torchtitan's too)."""
-    total = torch.zeros((), device=micro_batches[0][0].device, dtype=torch.float32)
-    for inputs, targets in micro_batches:
-        if loss_chunk_tokens > 0:
-            with fp8.autocast():
-                loss = model(inputs, targets, loss_chunk_tokens=loss_chunk_tokens)
-        else:
-            with fp8.autocast():
-                logits = model(inputs)
-            loss = cross_entropy_loss(logits, targets)  # fp32, on the full logits
-            # autograd keeps the fp32 copy, not these: freed now rather than through backward (the full bf16
-            # logits, 4.2 GB at the 1b preset with 4 x 4096 tokens)
-            del logits
-        loss = loss / grad_accum_steps
-        loss.backward()
-        total += loss.detach()
-    return total
-
-
-def clip_grad_norm_(model: nn.Module, max_norm: float) -> torch.Tensor:
-    """Global L2 norm of all gradients, clipped to ``max_norm`` when it is > 0; returns the norm before
-    clipping. FSDP2 gradients are DTensor shards: their norm is a partial result that ``full_tensor()``
-    reduces across ranks before the clip coefficient is computed (as in torchtitan's
-    distributed/utils.py clip_grad_norm_)."""
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    total_norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, error_if_nonfinite=False, foreach=True)
-    if isinstance(total_norm, DTensor):
-        total_norm = total_norm.full_tensor()
-    if max_norm > 0:
-        torch.nn.utils.clip_grads_with_norm_(model.parameters(), max_norm, total_norm, foreach=True)
-    return total_norm

@@ -10,7 +10,7 @@ setting fails before any step.
 
 An evaluation must leave training exactly as it was (tests/training/test_validation_torchrun.py compares the
 losses and the final weights, bit for bit, with a run without validation and across a resume):
-- it reads no training batch: the training loader's order is a function of the step alone (training.data);
+- it reads no training batch: the training loader's order is a function of the step alone (training.data.batches);
 - it runs in eval mode under no_grad (no gradient, no autograd state) and restores the mode after;
 - the FP8 modules run outside the backend's autocast: Transformer Engine's delayed scaling updates its amax
   history in every forward under its autocast, which would change the next training step; torchao's dynamic
@@ -32,13 +32,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from training.config import TrainConfig
-from training.config_sections import DataConfig, ValidationConfig
-from training.data import Batch, permute
+from training.config.sections import DataConfig, ValidationConfig
+from training.data.batches import Batch, permute
+from training.data.shards import ShardFormatError, TokenShards, open_shards
 from training.errors import ConfigError
 from training.loss import cross_entropy_loss
-from training.shards import ShardFormatError, TokenShards, open_shards
+from training.parallel.tp import maybe_loss_parallel
 
 log = logging.getLogger(__name__)
 
@@ -93,13 +95,20 @@ def _tokenizer_mismatch(held_out: TokenShards, train: TokenShards) -> str:
 
 
 class Validator:
-    """This rank's part of the held-out set, read once, and the evaluation over it."""
+    """This rank's part of the held-out set, read once, and the evaluation over it.
+
+    ``rank`` and ``world_size`` are data-parallel (which windows this rank reads: the ranks of a tp group read
+    the same); ``gather_size``: the ranks of the default group the losses are gathered over (default
+    ``world_size``). Each data-parallel rank's sum then comes tp times, so the mean over all gathered sums is
+    still the mean over the set. ``loss_parallel``: the logits are vocabulary-sharded (tp > 1)."""
 
     def __init__(self, cfg: ValidationConfig, shards: TokenShards, *, seq_len: int, micro_batch_size: int,
-                 rank: int, world_size: int, loss_chunk_tokens: int = 0):
+                 rank: int, world_size: int, loss_chunk_tokens: int = 0, gather_size: int | None = None,
+                 loss_parallel: bool = False):
         self.cfg = cfg
-        self.world_size = world_size
+        self.gather_size = world_size if gather_size is None else gather_size
         self.loss_chunk_tokens = loss_chunk_tokens
+        self.loss_parallel = loss_parallel
         num_windows = (shards.num_tokens - 1) // seq_len
         needed = cfg.batches * micro_batch_size * world_size
         if needed > num_windows:
@@ -142,18 +151,20 @@ class Validator:
                 model.train(was_training)
         # every batch has the same token count: the mean of the batch means is the mean over all tokens. Every
         # rank gathers the same per-rank sums and adds them exactly (fsum), so all ranks hold the same bits.
-        sums = _gather(total.reshape(1), self.world_size)
-        loss = math.fsum(sums) / (len(self.batches) * self.world_size)
+        sums = _gather(total.reshape(1), self.gather_size)
+        loss = math.fsum(sums) / (len(self.batches) * self.gather_size)
         result = ValidationResult(step=step, loss=loss, time_s=time.perf_counter() - started)
         log.info("validation after step %d: loss %r, perplexity %.4f (%.2f s)", step, result.loss,
                  result.perplexity, result.time_s)
         return result
 
     def _loss(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        # training's loss (train._forward_backward), without the FP8 autocast: see the module docstring
+        # training's loss (step.forward_backward), without the FP8 autocast: see the module docstring
         if self.loss_chunk_tokens > 0:
             return model(inputs, targets, loss_chunk_tokens=self.loss_chunk_tokens)
-        return cross_entropy_loss(model(inputs), targets)
+        with maybe_loss_parallel(self.loss_parallel):
+            loss = cross_entropy_loss(model(inputs), targets)
+        return loss.to_local() if isinstance(loss, DTensor) else loss
 
 
 def _gather(local: torch.Tensor, world_size: int) -> list[float]:
@@ -164,8 +175,10 @@ def _gather(local: torch.Tensor, world_size: int) -> list[float]:
     return [float(local.item())]
 
 
-def build_validator(cfg: TrainConfig, *, rank: int, world_size: int) -> Validator | None:
-    """The Validator for a TrainConfig ``cfg`` on this rank; None without a validation.path. Collective: a
+def build_validator(cfg: TrainConfig, *, rank: int, world_size: int, gather_size: int | None = None,
+                    loss_parallel: bool = False) -> Validator | None:
+    """The Validator for a TrainConfig ``cfg`` on this rank (``rank`` of ``world_size`` data-parallel ranks;
+    the Validator's other arguments as there); None without a validation.path. Collective: a
     ConfigError on any rank (a bad token id in its part, a path missing on its node) is raised on every rank,
     so none is left waiting in the next collective until its timeout."""
     if not cfg.validation.enabled:
@@ -175,12 +188,14 @@ def build_validator(cfg: TrainConfig, *, rank: int, world_size: int) -> Validato
         shards = open_validation_shards(cfg.validation, vocab_size=cfg.model.vocab_size, data=cfg.data)
         validator = Validator(cfg.validation, shards, seq_len=cfg.run.seq_len,
                               micro_batch_size=cfg.run.micro_batch_size, rank=rank, world_size=world_size,
-                              loss_chunk_tokens=cfg.parallel.loss_chunk_tokens)
+                              loss_chunk_tokens=cfg.parallel.loss_chunk_tokens, gather_size=gather_size,
+                              loss_parallel=loss_parallel)
     except ConfigError as exc:
         error = str(exc)
     errors: list[str | None] = [error]
-    if world_size > 1 and dist.is_available() and dist.is_initialized():
-        errors = [None] * world_size
+    ranks = world_size if gather_size is None else gather_size
+    if ranks > 1 and dist.is_available() and dist.is_initialized():
+        errors = [None] * ranks
         dist.all_gather_object(errors, error)
     first = next((e for e in errors if e), None)
     if first is not None:

@@ -10,7 +10,7 @@
 #   0:00-2:00  the machine starts (1-2 min; it is bare: no torchao, no torchtitan, no network)
 #   then ONE call, the script's own deadline 480 s, so that the call ends by ~10:30 with the transfers; a part
 #   starts only with its minimum left (else "skipped: out of time") and never runs past the deadline:
-#     (expected total ~410 s; the budgets add up to more, so an overrun costs the last parts, not the first)
+#     (expected total ~445 s; the budgets add up to more, so an overrun costs the last parts, not the first)
 #     part         budget  expected  what (most valuable first)
 #     1 node-fp8     60 s    ~30 s   the packages step (node_bootstrap/packages.py) installs the lock's torchao
 #                                    from build/wheelhouse and runs its import check; then the health gate's FP8
@@ -26,8 +26,14 @@
 #                                    resume from the local tier whose first step must equal the straight run's
 #     5a hf-parity   45 s    ~25 s   trainer started from HF weights (init.hf_dir) vs transformers, on the GPU
 #     5b compile-cache 45 s  ~30 s   part 3 again on its now warm inductor cache: warm vs cold compile
-#     2b titan-8b   (rest)           torchtitan's float8 at part 2's shapes, only with >= 150 s left and its
-#                                    wheels carried in .whl/ (torchtitan 0.2.2 and its dependencies)
+#     6 layout-tp1   60 s    ~35 s   the trainer's layout path on one GPU (issue 43): the 1b config with
+#                                    parallel.dp_replicate=1 dp_shard=1 tp=1 set, torchao tensorwise FP8, eager,
+#                                    mb 2, 6 steps: the step records' layout and peak memory against
+#                                    clusterctl/plan/memory.py's prediction for that shape (target: at or under
+#                                    it: the plan must not promise memory a layout does not have)
+#     2b titan-8b   (own call)       torchtitan's float8 at part 2's shapes: only with --only titan-8b (it needs
+#                                    ~300 s and its wheels carried in .whl/: torchtitan 0.2.2 and its
+#                                    dependencies), so that the full run's files stay 8
 #   ~10:30     the call returns; ~4 min are left: if one part failed for a reason fixed in minutes, rerun it at
 #              once on the still-warm machine (warm only 30 s after a call): --only PART, timeout_s 200 (5b
 #              needs 3's cache: --only mfu-1b,compile-cache); $OUT comes back empty before each call, so keep
@@ -38,7 +44,8 @@
 # Output: one JSON file per part under $OUT (default ./out; the device tool sets $OUT), written even when the
 # part or a later one fails or runs out of time (status "failed: ..." / "skipped: ..."), the tools' records
 # embedded, then summary.json and a table (status, key figure, target, met) printed last. $OUT holds 8 files
-# at most (the device tool brings back 8): 1-, 2-, 2b-, 3-, 4-, 5a-, 5b-*.json and summary.json. Scratch
+# at most (the device tool brings back 8): 1-, 2-, 3-, 4-, 5a-, 5b-, 6-*.json and summary.json (--only
+# titan-8b: 2b-*.json and summary.json). Scratch
 # (checkpoints, caches, the installed lock) goes to --work DIR (default a temporary directory, removed).
 set -u
 CALLER=$PWD  # relative --out and --work are the caller's
@@ -63,7 +70,7 @@ done
 [[ "$L8B" =~ ^[1-9][0-9]*$ ]] || { echo "h100_check.sh: --layers-8b=$L8B: allowed: an integer >= 1" >&2; exit 2; }
 [[ "$DEADLINE_S" =~ ^[0-9]*$ ]] || {
   echo "h100_check.sh: --deadline-s=$DEADLINE_S: allowed: seconds, an integer >= 0" >&2; exit 2; }
-PARTS="node-fp8 fp8-8b mfu-1b local-tier hf-parity compile-cache titan-8b"
+PARTS="node-fp8 fp8-8b mfu-1b local-tier hf-parity compile-cache layout-tp1 titan-8b"
 for p in ${ONLY//,/ }; do
   case " $PARTS " in *" $p "*) ;; *) echo "h100_check.sh: --only $p: allowed: ${PARTS// /, }" >&2; exit 2 ;; esac
 done
@@ -140,6 +147,19 @@ part_local_tier() {
   $PY benchmarks/scripts/resume_check.py "$RAW/local-straight.jsonl" "$RAW/local-resumed.jsonl" local-tier \
     --json "$RAW/local-resume-check.json"
 }
+part_layout_tp1() {  # the layout path at tp 1 with FP8; its peak memory against the plan's (the report)
+  local args=(--set parallel.dp_replicate=1 --set parallel.dp_shard=1 --set parallel.tp=1 --set run.steps=6
+              --set run.log_interval_steps=1 --set checkpoint.dir= --set checkpoint.local_interval_steps=0
+              --set data.source=synthetic --set optim.warmup_steps=2 --set metrics.nvml=false)
+  if [ "$DRY" = 1 ]; then
+    args+=(--set fp8.backend=torchao --set fp8.emulate=true)  # the default config: tiny, CPU
+  else  # the 1b config's model and FP8 (torchao tensorwise), eager, mb 2 (the plan: 42.7 GiB of 73)
+    args+=(--config 1b --set run.micro_batch_size=2 --set parallel.compile=false)
+  fi
+  $PY -m training "${args[@]}" --resume none > "$RAW/layout-tp1.jsonl" 2> "$RAW/layout-tp1.err" \
+    || { echo "exit $?"; tail -n 15 "$RAW/layout-tp1.err"; }
+  printf '%s\n' "${args[@]}" > "$RAW/layout-tp1.args"  # the report predicts the memory of this run's config
+}
 part_hf_parity() {
   $PY benchmarks/scripts/hf_parity_check.py --work "$WORK/hf" --json "$RAW/hf-parity.json" --timeout-s 100
 }
@@ -159,7 +179,7 @@ part_titan_8b() {  # torchtitan and its dependencies from the carried wheels, be
   fi
 }
 export -f bench inductor_cache mfu_1b_bench part_node_fp8 part_fp8_8b part_mfu_1b part_compile_cache \
-  part_local_tier part_hf_parity part_titan_8b
+  part_local_tier part_hf_parity part_layout_tp1 part_titan_8b
 
 run_part() {  # run_part FILE NAME BUDGET_S MIN_S: its function under timeout, then its JSON, whatever happened
   local file=$OUT/$1-$2.json name=$2 budget=$3 min=$4
@@ -199,10 +219,13 @@ run_part 3 mfu-1b 75 45
 run_part 4 local-tier 150 90
 run_part 5a hf-parity 45 25
 run_part 5b compile-cache 45 30
-if find .whl -name 'torchtitan-*.whl' 2>/dev/null | grep -q . || $PY -c "import torchtitan" 2>/dev/null; then
-  run_part 2b titan-8b 300 150
-elif [ -z "$ONLY" ] || [[ ",$ONLY," == *",titan-8b,"* ]]; then
-  $REPORT skip titan-8b --out "$OUT/2b-titan-8b.json" \
-    --reason "torchtitan not importable: carry its wheels in .whl/ (docs/benchmarks.md, 'The next H100 check')"
+run_part 6 layout-tp1 60 40
+if [[ ",$ONLY," == *",titan-8b,"* ]]; then  # its own call: a ninth file would not come back
+  if find .whl -name 'torchtitan-*.whl' 2>/dev/null | grep -q . || $PY -c "import torchtitan" 2>/dev/null; then
+    run_part 2b titan-8b 300 150
+  else
+    $REPORT skip titan-8b --out "$OUT/2b-titan-8b.json" \
+      --reason "torchtitan not importable: carry its wheels in .whl/ (docs/benchmarks.md, 'The next H100 check')"
+  fi
 fi
 $REPORT summary --out-dir "$OUT"

@@ -7,7 +7,8 @@
 Every part file holds "part", "title", "status" ("ok", "failed: ...", "skipped: ..."), "wall_s", "exit_code",
 "key" (the figure to quote: name, value, unit, target, met) and the tools' own records, embedded, because the
 device tool brings back at most 8 files from $OUT. A part whose tools died (a timeout: exit 124 or 137) still
-gets its file: status "failed", with the tail of their error output. Standard library only (no torch: seconds).
+gets its file: status "failed", with the tail of their error output. Standard library only (no torch: seconds),
+and the project's torch-free modules: the trainer's config loader and clusterctl's memory model (part 6).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # training.config and clusterctl.plan.memory: no torch (part 6)
 TITLES = {
     "node-fp8": "1. node FP8 health check + packages step (lock's torchao)",
     "fp8-8b": "2. FP8 vs bf16 at Llama 3 8B's shapes, seq 8192",
@@ -28,11 +30,13 @@ TITLES = {
     "local-tier": "4. local checkpoint tier at 1b",
     "hf-parity": "5a. Hugging Face import: trainer vs transformers",
     "compile-cache": "5b. warm compile (inductor cache) vs cold",
+    "layout-tp1": "6. layout path at TP 1 + FP8: peak memory vs plan",
     "titan-8b": "2b. torchtitan's float8 at the same shapes",
 }
 ORDER = list(TITLES)
 FP8_TARGET = 1.3  # issue 29: FP8 >= 1.3x bf16 tokens/s where the matmuls are large
 MFU_TARGET = 0.50  # issue 29: 1b bf16 MFU at seq 4096
+H100_MEMORY_GIB = 80.0  # an H100's memory: only the estimate's `fits` reads it, not its peak
 WARM_COMPILE_TARGET = 1 / 3  # issue 30: the warm compile takes at most a third of the cold one
 LOCAL_SAVE_LINE = re.compile(
     r"local checkpoint step (?P<step>\d+) complete on every rank \((?P<counted>[\d.]+)s after the save began; "
@@ -197,8 +201,47 @@ def hf_parity(raw: Path) -> dict:
                        record["abs_diff"] <= record["tolerance"])}
 
 
+def layout_tp1(raw: Path) -> dict:
+    """Part 6: the run's step records carry the layout it was asked for, and its peak memory is at or under what
+    clusterctl/plan/memory.py predicts for the same model and shape on one GPU of 80 GB (an H100's)."""
+    from clusterctl.plan.memory import RunShape, estimate_memory
+    from training.config import load_config
+
+    records = [r for r in step_records(raw / "layout-tp1.jsonl") if r["event"] == "step"]
+    args = read_text(raw / "layout-tp1.args").splitlines()
+    config = next((args[i + 1] for i, a in enumerate(args) if a == "--config"), None)
+    cfg = load_config(config, [args[i + 1] for i, a in enumerate(args) if a == "--set"])
+    shape = RunShape(micro_batch_size=cfg.run.micro_batch_size, seq_len=cfg.run.seq_len,
+                     grad_accum_steps=cfg.run.accumulation_steps(1),
+                     activation_checkpointing=cfg.parallel.activation_checkpointing,
+                     reshard_after_forward=cfg.parallel.reshard_after_forward)
+    estimate = estimate_memory(cfg.model, shape, 1, H100_MEMORY_GIB)
+    predicted = estimate.peak_bytes / 2**30
+    layout_line = next((x for x in read_text(raw / "layout-tp1.err").splitlines() if "training.train: layout: " in x),
+                       "")
+    out: dict = {"steps": len(records), "layout": records[-1].get("layout") if records else None,
+                 "layout_line": layout_line.split("training.train: ", 1)[-1], "predicted_peak_gib": predicted,
+                 "predicted_phase": estimate.peak.name, "config": config or "the default (tiny)",
+                 "micro_batch_size": cfg.run.micro_batch_size, "seq_len": cfg.run.seq_len}
+    problems = []
+    if len(records) != cfg.run.steps:
+        problems.append(f"{len(records)} step records of {cfg.run.steps}")
+    if out["layout"] != {"dp_replicate": 1, "dp_shard": 1, "tp": 1}:
+        problems.append(f"the step records' layout: {out['layout']}")
+    measured = max((r["mem_gib"] for r in records if "mem_gib" in r), default=None)
+    on_gpu = records and records[-1].get("mfu") is not None  # a CPU has no peak FLOP/s, and its mem_gib is RSS
+    if on_gpu and measured is not None:
+        out.update(measured_peak_gib=measured, measured_over_predicted=measured / predicted)
+        out["key"] = key("measured peak / the plan's prediction", measured / predicted, "x", "<= 1.0",
+                         measured <= predicted)
+    else:  # the dry run: the process's RSS is no GPU peak; the records and the prediction are what it shows
+        out["key"] = key("the plan's predicted peak (no GPU: nothing measured)", predicted, "GiB", "measured <= it")
+    out["status"] = "ok" if not problems else "failed: " + "; ".join(problems)
+    return out
+
+
 PARTS = {"node-fp8": node_fp8, "fp8-8b": fp8_8b, "mfu-1b": mfu_1b, "local-tier": local_tier,
-         "hf-parity": hf_parity, "compile-cache": compile_cache, "titan-8b": titan_8b}
+         "hf-parity": hf_parity, "compile-cache": compile_cache, "layout-tp1": layout_tp1, "titan-8b": titan_8b}
 
 
 def write_part(args) -> dict:

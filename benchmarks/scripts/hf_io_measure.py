@@ -96,7 +96,7 @@ def make_checkpoint(args: argparse.Namespace) -> dict:
     from training.config import load_config
     from training.fp8 import NoFp8
     from training.optim import build_optimizer
-    from training.parallelize import destroy_distributed, init_distributed
+    from training.parallel.process_group import destroy_distributed, init_distributed
     from training.train import build_model
 
     shape = json.loads(args.model)
@@ -160,7 +160,7 @@ def import_rank(args: argparse.Namespace) -> dict:
     from training.config import load_config
     from training.fp8 import NoFp8
     from training.hf.load import load_hf_weights, resolve_init_model
-    from training.parallelize import destroy_distributed, init_distributed
+    from training.parallel.process_group import destroy_distributed, init_distributed
     from training.train import build_model
 
     info = init_distributed()

@@ -7,7 +7,7 @@ A small random Llama 3.1-style model (grouped-query attention, rope_scaling "lla
 transformers' save_pretrained in several safetensors files with their index. `python -m training` starts from
 it (`--set init.hf_dir=DIR`, float32, one step on the default config's synthetic data) and logs the loss of its
 first step: the loss of the imported weights on the first batch, before any update. transformers computes the
-same cross-entropy from its logits on the same batch (training.data's own batch source, same config), on the
+same cross-entropy from its logits on the same batch (training.data.batches's own batch source, same config), on the
 same device. Equal losses (within float32 rounding) mean equal logits up to what a mean can hide; this is the
 import's end-to-end check on a GPU, the CPU tests (tests/training) compare the logits themselves.
 
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from training.config import TrainConfig, load_config
-from training.data import build_batch_source
+from training.data.batches import build_batch_source
 
 REPO = Path(__file__).resolve().parents[2]
 SHAPE = dict(vocab_size=320, hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,

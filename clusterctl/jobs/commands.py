@@ -6,6 +6,7 @@ from __future__ import annotations
 from clusterctl.arguments import (
     JOB_ID_EXAMPLE,
     AddCommand,
+    instance_type,
     non_negative_int,
     positive_float,
     positive_int,
@@ -32,7 +33,16 @@ def add_parsers(add: AddCommand) -> None:
         example="clusterctl submit --config training/configs/llama3-8b.toml --nodes 2 --set run.steps=1000 "
         "--dry-run",
     )
-    submit_parser.add_argument("--config", required=True, help="training TOML, e.g. training/configs/llama3-8b.toml")
+    submit_parser.add_argument(
+        "--config", required=True,
+        help="training TOML in the bundle (e.g. training/configs/llama3-8b.toml), a packaged config's name (e.g. "
+        "1b), or an absolute path on the nodes (e.g. on /fsx; see --remote-path)",
+    )
+    submit_parser.add_argument(
+        "--remote-path", action="store_true",
+        help="the absolute --config path is on the nodes only: --dry-run checks the --set items alone (without "
+        "it, a dry run that cannot read the path here says 'not checked' and fails)",
+    )
     submit_parser.add_argument("--nodes", type=positive_int, help="nodes to use (default: the stack's NodeCount)")
     submit_parser.add_argument(
         "--set",
@@ -61,6 +71,12 @@ def add_parsers(add: AddCommand) -> None:
         action="store_true",
         help="check the config and the --set items offline and print what would be sent (the resolved config's "
         "key settings, the jobs document's parameters), with no AWS call and no credentials needed",
+    )
+    submit_parser.add_argument(
+        "--instance-type",
+        type=instance_type,
+        help="with --dry-run and --nodes: check the [parallel] layout against this instance type's GPUs per node "
+        "(a submit reads the type from the stack; default: the layout is checked at submit)",
     )
     submit_parser.set_defaults(handler=submit.submit)
 
@@ -115,7 +131,9 @@ def add_parsers(add: AddCommand) -> None:
 
     status_parser = add(
         "status",
-        "The job's record (state, and every attempt: nodes, rendezvous host, start, end, reason, step reached, "
+        "The job's record (state, the layout it was submitted with, e.g. 'layout: TP 8 x FSDP 4 "
+        "(parallel.dp_replicate=1 dp_shard=4 tp=8)', and every attempt: nodes, rendezvous host, start, end, "
+        "reason, step reached, "
         "step resumed from, steps lost at the restart), then per node of its current attempt: running, "
         "succeeded, failed (exit code) or cancelled; last step and loss (for a commcheck: its all_reduce "
         "busbw); the network NCCL chose (Libfabric/efa is EFA, Socket is TCP).",

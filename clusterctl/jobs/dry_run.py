@@ -5,12 +5,14 @@ stack, no nodes, no credentials), so what only the stack knows is named, not gue
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import TYPE_CHECKING
 
-from cluster_aws.errors import EXIT_OK
+from cluster_aws.errors import EXIT_OK, EXIT_USAGE, ClusterctlError
 from cluster_jobs.request import JobRequest
 from clusterctl.render import to_json
-from clusterctl.runtime import say
+from clusterctl.runtime import say, warn
+from instance_catalog.instance_types import get_instance_type
 
 if TYPE_CHECKING:
     from clusterctl.runtime import Runtime
@@ -19,7 +21,8 @@ if TYPE_CHECKING:
 KEY_SETTINGS = (
     "model.preset", "model.dim", "model.n_layers", "model.n_heads", "model.n_kv_heads", "model.vocab_size",
     "run.steps", "run.seq_len", "run.micro_batch_size", "run.grad_accum_steps", "run.global_batch_tokens",
-    "parallel.param_dtype", "parallel.activation_checkpointing", "parallel.compile", "fp8.backend",
+    "parallel.dp_replicate", "parallel.dp_shard", "parallel.tp", "parallel.param_dtype",
+    "parallel.activation_checkpointing", "parallel.compile", "fp8.backend",
     "data.source", "data.path", "optim.lr", "optim.warmup_steps", "checkpoint.interval_steps", "init.hf_dir",
     "export.hf_dir",
 )
@@ -33,12 +36,24 @@ FROM_THE_STACK = {
 
 
 def show(args: argparse.Namespace, runtime: Runtime, request: JobRequest) -> int:
-    """Prints the checked request: the resolved config's key settings and the jobs document's parameters."""
+    """Prints the checked request: the resolved config's key settings and the jobs document's parameters; with
+    --nodes and --instance-type, the layout checked as a submit checks it."""
+    if getattr(args, "instance_type", None) and request.nodes:
+        request = dataclasses.replace(request, gpus_per_node=get_instance_type(args.instance_type).gpu_count)
+    if request.local_config_path() is None and not getattr(args, "remote_path", False):
+        # "valid" would claim a check that never ran (issue 44: a TOML with `stpes = 100` was called valid)
+        raise ClusterctlError(f"dry run: {request.config}: not checked (no such file on this machine); pass "
+                              "--remote-path if it is a path on the nodes (the --set items alone are then "
+                              "checked)", EXIT_USAGE)
+    layout = request.check_layout()  # refused in the trainer's words, exit 2, as a submit would be
+    for warning in request.run_length_warnings():  # the trainer's start-up warnings, as a submit says them
+        warn(runtime, warning)
     settings = key_settings(request)
     sent = parameters(request)
     if args.json:
         say(runtime, to_json({"dryRun": True, "config": request.config, "overrides": list(request.overrides),
-                              "settings": settings, "parameters": sent}))
+                              "settings": settings, "parameters": sent,
+                              **({"layout": layout.settings()} if layout else {})}))
         return EXIT_OK
     overrides = f" with --set {' '.join(request.overrides)}" if request.overrides else ""
     say(runtime, f"dry run: {request.config}{overrides} is valid; nothing was sent (no AWS call)")
@@ -50,6 +65,8 @@ def show(args: argparse.Namespace, runtime: Runtime, request: JobRequest) -> int
         width = max(map(len, settings))
         for key, value in settings.items():
             say(runtime, f"  {key:<{width}}  {value!r}" if isinstance(value, str) else f"  {key:<{width}}  {value}")
+    if layout is not None:
+        say(runtime, f"layout: {layout.name} on {request.nodes} x {args.instance_type} (checked)")
     say(runtime, "jobs document parameters (one ssm:SendCommand per 50 nodes):")
     width = max(map(len, sent))
     for key, values in sent.items():

@@ -19,11 +19,11 @@ from cluster_aws.nodes import Node, list_nodes, select_job_nodes
 from cluster_jobs import records as job_records
 from cluster_jobs.document import SubmitResult, query_job, submit_job
 from cluster_jobs.node_states import NodeJobState
-from cluster_jobs.request import JobRequest, new_job_id
+from cluster_jobs.request import JobRequest, bundle_config, new_job_id
 from cluster_jobs.table import ACTIVE_STATES, JobAlreadyActive, JobRecord, JobTable
 from clusterctl.jobs import dry_run
 from clusterctl.render import to_json
-from clusterctl.runtime import note, require_job_table, say, stack_outputs
+from clusterctl.runtime import note, require_job_table, say, stack_outputs, warn
 from instance_catalog.instance_types import get_instance_type
 from node_bootstrap import jobs as node_jobs
 
@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 
 
 def submit(args: argparse.Namespace, runtime: Runtime) -> int:
-    request = checked_request(args, node_jobs.TRAINING_MODULE, args.config, tuple(args.overrides), args.resume_from)
+    request = checked_request(args, node_jobs.TRAINING_MODULE, bundle_config(args.config), tuple(args.overrides),
+                              args.resume_from)
     if args.dry_run:
         return dry_run.show(args, runtime, request)
     return _submit(args, runtime, request)
@@ -98,12 +99,15 @@ def _submit(args: argparse.Namespace, runtime: Runtime, request: JobRequest, *, 
     request = dataclasses.replace(
         request, nodes=count, gpus_per_node=get_instance_type(outputs.instance_type).gpu_count
     )
+    request.check_layout()  # [parallel]'s degrees on these nodes' GPUs, before anything is sent
     fp8_backend = request.require_fp8_backend(outputs.fp8_backends, outputs.stack_name)  # the nodes have it
     table = require_job_table(outputs, runtime, "not submitted")
     config_text = job_records.read_config_text(request.config)
     _refuse_while_active(table)  # before the nodes: a restarting job's nodes are not ready, and that is why
     selected = _select_nodes(outputs, runtime, count)
     _say_spares(runtime, outputs, count)
+    for warning in request.run_length_warnings():  # the trainer's start-up warnings, said before the job is sent
+        warn(runtime, warning)
 
     now = runtime.now()
     job_id = job_id or new_job_id(now)

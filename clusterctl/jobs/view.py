@@ -12,6 +12,7 @@ from cluster_jobs.export import export_place, exported_step
 from cluster_jobs.node_states import GONE, NodeJobState, is_commcheck, overall_state, reported_busbw
 from cluster_jobs.table import JobRecord
 from cluster_jobs.timeline import restart_seconds, timeline_lines
+from clusterctl.jobs.layout_view import layout_line, record_layout
 from clusterctl.render import format_table
 
 
@@ -23,7 +24,9 @@ def record_json(record: JobRecord, now: datetime.datetime) -> dict[str, object]:
         raw["steps_lost"] = record.steps_lost(attempt.number)
     cost = job_records.cost_so_far_usd(record, now)
     restarts = [restart_seconds(record, number) for number in range(1, record.attempt)]
+    layout = record_layout(record)
     data.update(attempt=record.attempt, last_step=record.last_step,
+                layout=None if layout is None else {"name": layout.name, **layout.settings()},
                 cost_so_far_usd=None if cost is None else round(cost, 2),
                 restarts=[r for r in restarts if r is not None])
     return data
@@ -54,6 +57,8 @@ def format_record(record: JobRecord, checkpoint_bucket: str | None = None, nodes
         lines.append(f"checkpoints: {record.checkpoint_dir}")
     if record.fp8_backend:
         lines.append(f"fp8 backend: {record.fp8_backend}")
+    if (layout := layout_line(record)) is not None:  # the [parallel] degrees the submit sent
+        lines.append(layout)
     rows = [
         (
             a.number,

@@ -40,7 +40,7 @@ def plan_option(
     """The option of `instance` to put forward (see the module's docstring); plan_args go to plan_counts."""
     standin, options = plan_counts(workload, instance, tokens, **plan_args)  # type: ignore[arg-type]
     if nodes is not None:
-        return at_nodes(standin, options, workload, nodes)
+        return at_nodes(standin, options, workload, nodes, plan_args.get("layout"))  # type: ignore[arg-type]
     if not options:
         return standin
     if deadline_days is not None:

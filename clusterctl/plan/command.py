@@ -14,14 +14,18 @@ from clusterctl.capacity.pricing import CATALOG_PRICE_REGION
 from clusterctl.plan import choose, memory, text
 from clusterctl.plan import options as plan
 from clusterctl.plan.choose import HORIZON_DAYS
+from clusterctl.plan.finetune import GLOBAL_BATCH_TOKENS as FINETUNE_GLOBAL_BATCH_TOKENS
+from clusterctl.plan.finetune import FinetuneSchedule, finetune_schedule
 from clusterctl.plan.fsx_cost import PRICE_SOURCE, stack_fsx
+from clusterctl.plan.layouts import LAYOUT_SYNTAX, LayoutRequest, parse_layout
 from clusterctl.plan.mfu import load_measurements
 from clusterctl.plan.options import DEFAULT_GLOBAL_BATCH_TOKENS, MAX_NODES
-from clusterctl.plan.workload import Workload, load_workload
+from clusterctl.plan.workload import Workload, load_workload, run_config
 from clusterctl.render import deploy_command, to_json
 from clusterctl.runtime import say
 from instance_catalog.instance_types import INSTANCE_TYPES, get_instance_type
 from training.config import packaged_config_names
+from training.config.schedule import run_length_warnings
 from training.shapes import count_params
 
 if TYPE_CHECKING:
@@ -34,8 +38,9 @@ def add_parsers(add: AddCommand) -> None:
     """The `plan` subcommand; `add` is cli.build_parser's (it adds the global options)."""
     parser = add(
         "plan",
-        "Before you buy: per instance type, whether the model trains (memory per GPU with FSDP full sharding), "
-        "on how many nodes, in how long, for how much (instances and FSx for Lustre); by default the cheapest "
+        "Before you buy: per instance type, whether the model trains (memory per GPU under the layout), on how "
+        "many nodes, with which parallel layout, in how long, for how much (instances and FSx for Lustre); by "
+        "default the cheapest "
         "per token of the node counts that finish within --horizon-days, with the commands that deploy and run "
         "it. Needs no AWS access. Exit 1 when no type fits.",
         epilog="Node counts: those that split the global batch (--global-batch-tokens) into whole micro-batches, "
@@ -46,7 +51,9 @@ def add_parsers(add: AddCommand) -> None:
         "> 0 holds about 6 B x vocab per chunk token plus the output head's gradient instead: less when a "
         "micro-batch has at least dim + chunk tokens), a 5% allocator margin and a 3 GiB runtime reserve "
         "(--explain shows it all). Time: "
-        "training.shapes.flops_per_token x tokens / (GPUs x dense BF16 peak x MFU). Cost: the catalog's "
+        "tokens / (GPUs x tokens/s per GPU), a step being its compute (training.shapes.flops_per_token over the "
+        "dense BF16 peak x MFU) plus the communication compute does not hide (the layout's collectives over the "
+        "instance type's network model, instance_catalog/network.py). Cost: the catalog's "
         "us-east-1 on-demand price, plus the stack's FSx for Lustre (cdk.json's size and throughput tier) at its "
         "us-east-1 list price.",
         example="clusterctl plan --model llama3-8b --tokens 200B",
@@ -95,7 +102,25 @@ def add_parsers(add: AddCommand) -> None:
         help="cost (default): each type at its cheapest per token within --horizon-days; time: each type at its "
         "fastest node count within the cluster's limit; prints the commands of the best",
     )
-    parser.add_argument("--explain", action="store_true", help="show the memory, FLOP, time and cost arithmetic")
+    parser.add_argument(
+        "--layout", metavar="DEGREES",
+        help=f"plan this parallel layout only: {LAYOUT_SYNTAX} (default: per node count, the fastest that fits: "
+        "FSDP, HSDP with shard groups of 1, 2, 4 ... nodes, TP 2/4/8 inside a node, and their mixes)",
+    )
+    parser.add_argument(
+        "--finetune", action="store_true",
+        help="a run that continues published weights: the global batch (2**19 tokens, Tulu 3's), peak lr 2e-5 "
+        "(torchtune's Llama 3.1 8B full fine-tune), a 3%% warmup, a cosine to 0, and checkpoint and validation "
+        "intervals sized for the run's length, each printed with its reason and added to the submit line "
+        "(default: on with --init-hf-dir or a config with init.hf_dir)",
+    )
+    parser.add_argument(
+        "--init-hf-dir", metavar="DIR",
+        help="the Hugging Face model directory on the nodes to start from (init.hf_dir, e.g. "
+        "/fsx/data/Llama-3.1-8B): added to the submit line; implies --finetune (default: the config's, if any)",
+    )
+    parser.add_argument("--explain", action="store_true",
+                        help="show the memory, FLOP, step-time (network model) and cost arithmetic")
     parser.set_defaults(handler=plan_command)
 
 
@@ -135,7 +160,12 @@ def plan_command(args: argparse.Namespace, runtime: Runtime) -> int:
     if (args.nodes or 1) + args.spare_nodes > MAX_NODES:
         raise ClusterctlError(f"--spare-nodes={args.spare_nodes}: --nodes + --spare-nodes must be <= {MAX_NODES} "
                               f"(--nodes={args.nodes or 'at least 1'})", EXIT_USAGE)
-    global_batch = args.global_batch_tokens or workload.global_batch_tokens or DEFAULT_GLOBAL_BATCH_TOKENS
+    finetune = bool(args.finetune or args.init_hf_dir or workload.run_config.init.hf_dir)
+    global_batch = args.global_batch_tokens or workload.global_batch_tokens or (
+        FINETUNE_GLOBAL_BATCH_TOKENS if finetune else DEFAULT_GLOBAL_BATCH_TOKENS)
+    schedule = finetune_schedule(math.ceil(tokens / global_batch), global_batch, workload.run_config,
+                                 args.init_hf_dir or "") if finetune else None
+    layout = _layout(args.layout)
     fsx = stack_fsx()
     measurements = load_measurements()
     options = [
@@ -143,16 +173,33 @@ def plan_command(args: argparse.Namespace, runtime: Runtime) -> int:
             workload, get_instance_type(name), tokens, choose=args.choose, nodes=args.nodes,
             deadline_days=args.deadline_days, horizon_days=args.horizon_days, global_batch_tokens=global_batch,
             mfu_override=args.mfu, measurements=measurements, spare_nodes=args.spare_nodes,
-            fsx_usd_per_hour=fsx.usd_per_hour if fsx else 0.0,
+            fsx_usd_per_hour=fsx.usd_per_hour if fsx else 0.0, layout=layout,
         )
         for name in types
     ]
+    if layout is not None and not any(o.viable for o in options):
+        raise ClusterctlError(f"{options[0].problem}; allowed: {LAYOUT_SYNTAX}, whose product is the GPUs, tp "
+                              "dividing a node's GPUs and the model's heads, dp_replicate dividing the nodes",
+                              EXIT_USAGE)
     by_cost, by_time = choose.rank(options, "cost"), choose.rank(options, "time")
     chosen = (by_cost if args.choose == "cost" else by_time)[:1]
-    commands = _commands(args, workload, chosen[0]) if chosen else None
-    plan_view = text.PlanView(args, workload, tokens, global_batch, fsx, options, by_cost, by_time, commands)
+    commands = _commands(args, workload, chosen[0], schedule) if chosen else None
+    batch_given = bool(args.global_batch_tokens or workload.global_batch_tokens)
+    finetune_lines = [] if schedule is None else schedule.lines(
+        run_config(workload, schedule.overrides(workload.run_config)), batch_given=batch_given)
+    plan_view = text.PlanView(args, workload, tokens, global_batch, fsx, options, by_cost, by_time, commands,
+                              finetune_lines)
     say(runtime, to_json(_report(plan_view)) if args.json else "\n".join(text.lines(plan_view)))
     return EXIT_OK if chosen else EXIT_FAILED
+
+
+def _layout(given: str | None) -> LayoutRequest | None:
+    if given is None:
+        return None
+    try:
+        return parse_layout(given)
+    except ValueError as error:
+        raise ClusterctlError(str(error), EXIT_USAGE) from None
 
 
 def _instance_types(given: str | None) -> list[str]:
@@ -168,11 +215,15 @@ def _instance_types(given: str | None) -> list[str]:
     return names
 
 
-def _commands(args: argparse.Namespace, workload: Workload, option: plan.Option) -> dict[str, Any]:
+def _commands(args: argparse.Namespace, workload: Workload, option: plan.Option,
+              schedule: FinetuneSchedule | None) -> dict[str, Any]:
     context = plan.deploy_context(option)
     overrides = plan.run_overrides(
         workload, option, seq_len_given=args.seq_len is not None, micro_batch_given=args.micro_batch_size is not None
     )
+    if schedule is not None:
+        overrides += schedule.overrides(workload.run_config)
+    runs = run_config(workload, overrides)  # what the submit line runs, read as the trainer reads it
     name = option.instance_type.name
     return {
         "instanceType": name,
@@ -183,6 +234,8 @@ def _commands(args: argparse.Namespace, workload: Workload, option: plan.Option)
         "deploy": deploy_command(args.stack, context),
         "submit": f"clusterctl submit --config {workload.config} --nodes {option.nodes} "
         + " ".join(f"--set {o}" for o in overrides),
+        # the trainer's start-up check on the submit line's config (submit says the same before it sends)
+        "runWarnings": run_length_warnings(runs, cluster_job=True),
     }
 
 
@@ -210,6 +263,12 @@ def _option_json(option: plan.Option) -> dict[str, Any]:
             "peakPhase": mem.peak.name,
             "phases": {p.name: {what: round(b / GIB, 4) for what, b in p.parts} for p in mem.phases},
         },
+        "layout": None if option.choice is None else {
+            "name": option.choice.layout.name, "dpReplicate": option.choice.layout.dp_replicate,
+            "dpShard": option.choice.layout.dp_shard, "tp": option.choice.layout.tp,
+            "overrides": option.choice.layout.overrides,
+        },
+        "step": None if option.choice is None else _step_json(option),
         "mfu": round(option.mfu_effective, 4),
         "mfuSource": option.mfu.source,
         "mfuDetail": option.mfu.detail,
@@ -248,9 +307,21 @@ def _report(view: text.PlanView) -> dict[str, Any]:
         "rankedByTime": [o.instance_type.name for o in view.by_time],
         "choose": args.choose,
         "chosen": view.commands,
+        "finetune": view.finetune or None,
         "priceSource": "instance catalog on-demand list price, us-east-1 Linux",
     }
 
 
 def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
+
+
+def _step_json(option: plan.Option) -> dict[str, Any]:
+    step = option.choice.step
+    return {
+        "seconds": round(step.total_s, 4), "computeSeconds": round(step.compute_s, 4),
+        "exposedCommunicationSeconds": round(step.exposed_s, 4), "fsdpExposedSeconds": round(step.fsdp_exposed_s, 4),
+        "hsdpExposedSeconds": round(step.replica_exposed_s, 4), "tpSeconds": round(step.tp_s, 4),
+        "computeEfficiency": round(option.efficiency, 4), "predictedMfu": round(step.mfu, 4),
+        "tokensPerSecondPerGpu": round(step.tokens_per_s_per_gpu, 1),
+    }

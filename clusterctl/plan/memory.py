@@ -1,7 +1,7 @@
 """Peak memory per GPU of one training step with FSDP2 full sharding, AdamW and bf16 mixed precision: the
 arithmetic behind `clusterctl plan`'s "does it fit".
 
-The model follows the trainer as built (training/train.py, training/parallelize.py): fp32 sharded parameters
+The model follows the trainer as built (training/train.py, training/parallel/): fp32 sharded parameters
 with a bf16 MixedPrecisionPolicy, fp32 gradient reduce-scatter, `fully_shard` per transformer block and then
 the root (embeddings, final norm, output head), the last block not resharded after forward, optional full
 activation checkpointing per block, cross-entropy on the full fp32 logits, `zero_grad(set_to_none=True)`.
@@ -59,7 +59,7 @@ BLOCK_ACTIVATION_TOKEN_BYTES = 8
 CHECKPOINT_DIM_BYTES = 2
 # The loss on the full logits (parallel.loss_chunk_tokens = 0, training.loss.cross_entropy_loss): the bf16
 # logits (2 x vocab per token) and their fp32 copy exist together while log-softmax runs; the training loop then
-# drops the bf16 logits (training.train._forward_backward) and autograd keeps only log-softmax's fp32 output
+# drops the bf16 logits (training.step.forward_backward) and autograd keeps only log-softmax's fp32 output
 # (4 x vocab). The peak is the start of backward: that output and the fp32 gradients of log-softmax's output
 # and of its input (4 + 4 + 4 x vocab): 12 x vocab bytes per token, plus the final RMSNorm (8 x dim + 4).
 # Measured: exactly 12 B per vocab entry and token (tests/clusterctl/test_plan_memory_measured.py).
@@ -167,13 +167,20 @@ def loss_peak_bytes_per_token(cfg: ModelConfig) -> int:
     return LOSS_VOCAB_BYTES * cfg.vocab_size + LOSS_DIM_BYTES * cfg.dim + LOSS_TOKEN_BYTES
 
 
-def estimate_memory(cfg: ModelConfig, run: RunShape, gpus: int, gpu_memory_gib: float) -> MemoryEstimate:
-    """The per-GPU memory of one training step of `cfg` sharded over `gpus` GPUs, phase by phase."""
-    if gpus < 1:
-        raise ValueError(f"gpus={gpus}: allowed: 1 or more")
-    sizes = ModelSizes.of(cfg)
-    tokens = run.micro_batch_size * run.seq_len
-    per_gpu = sizes.total / gpus
+def estimate_memory(cfg: ModelConfig, run: RunShape, gpus: int, gpu_memory_gib: float, *, tp: int = 1,
+                    replicas: int = 1) -> MemoryEstimate:
+    """The per-GPU memory of one training step of `cfg` on `gpus` GPUs, phase by phase: FSDP (the defaults), or a
+    layout of `replicas` (HSDP: each replica holds the whole sharded state) x shard x `tp` (tensor parallelism
+    with sequence parallelism and a vocabulary-parallel loss: the gathered blocks, the activations and the logits
+    are split `tp` ways; the token ids are not)."""
+    if gpus < 1 or tp < 1 or replicas < 1 or gpus % (tp * replicas):
+        raise ValueError(f"gpus={gpus}, tp={tp}, replicas={replicas}: allowed: gpus >= 1, a multiple of tp x replicas")
+    whole = ModelSizes.of(cfg)
+    sizes = ModelSizes(total=whole.total // tp, root=whole.root // tp, block=whole.block // tp,
+                       output_head=whole.output_head // tp)
+    all_tokens = run.micro_batch_size * run.seq_len
+    tokens = all_tokens // tp  # one TP rank's share of the micro-batch's activations
+    per_gpu = whole.total / (gpus // replicas)
     params = ("sharded fp32 parameters", SHARDED_BYTES_PER_PARAM["params"] * per_gpu)
     grads = ("sharded fp32 gradients", SHARDED_BYTES_PER_PARAM["grads"] * per_gpu)
     optimizer = ("AdamW moments (fp32 m and v)", SHARDED_BYTES_PER_PARAM["optimizer"] * per_gpu)
@@ -194,7 +201,7 @@ def estimate_memory(cfg: ModelConfig, run: RunShape, gpus: int, gpu_memory_gib: 
               (cfg.n_layers - 1) * block * tokens)
     )
     rope = ("RoPE cos/sin tables", ROPE_BYTES * cfg.head_dim * run.seq_len)
-    batch = ("token ids (int64 inputs and targets)", TOKEN_ID_BYTES * tokens)
+    batch = ("token ids (int64 inputs and targets)", TOKEN_ID_BYTES * all_tokens)
     # up to the first reduce-scatter of backward the sharded gradients do not exist (the loop zeroes them with
     # set_to_none), unless gradient accumulation keeps them from the previous micro-batch
     forward_state = [params, optimizer] + ([grads] if run.grad_accum_steps > 1 else [])
@@ -275,7 +282,7 @@ def estimate_memory(cfg: ModelConfig, run: RunShape, gpus: int, gpu_memory_gib: 
     ))
     return MemoryEstimate(
         gpus=gpus,
-        params=sizes.total,
+        params=whole.total,
         phases=(forward, backward_block, backward_overlap, backward_reduce, backward_root, step),
         gpu_memory_gib=gpu_memory_gib,
     )

@@ -56,6 +56,7 @@ class MfuChoice:
     activation_checkpointing: bool  # the setting `value` was measured (or is meant) at
     source: str  # "--mfu", "measured", "default"
     detail: str  # one line for the output
+    measurement: Measurement | None = None  # the benchmarks/mfu.json row, where measured
 
     def at(self, activation_checkpointing: bool) -> float:
         """The MFU expected with (or without) full activation checkpointing."""
@@ -116,6 +117,7 @@ def choose_mfu(*, override: float | None, query: MfuQuery, measurements: list[Me
             f"{best.micro_batch_size}, compile {'on' if best.compile else 'off'}, activation checkpointing "
             f"{'on' if best.activation_checkpointing else 'off'} ({best.source}); one GPU, so multi-node "
             "communication is not in it",
+            best,
         )
     what = f"{q.preset or 'this model'} on {q.gpu} with fp8 {_backend(q.fp8_backend, q.fp8_recipe)}"
     return MfuChoice(

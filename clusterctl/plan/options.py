@@ -3,16 +3,18 @@ nodes, in how long, and for how much; ranked by cost and by time.
 
 Arithmetic, per instance type (every figure from one place):
 - FLOPs: training.shapes.flops_per_token (6 x parameters + attention, the trainer's MFU count) x tokens.
-- Memory: clusterctl.plan.memory, per GPU, at each node count; the smallest count that fits, without activation
-  checkpointing if it fits so, else with it.
-- Time: FLOPs / (GPUs x dense BF16 peak x MFU), with MFU from clusterctl.plan.mfu (3/4 of it when activation
-  checkpointing recomputes the forward).
-- Node counts: those that split the global batch (tokens per optimizer step, the same at every node count)
-  into whole micro-batches: global batch = seq x micro-batch x GPUs x gradient accumulation.
+- Memory: clusterctl.plan.memory, per GPU, at each node count; the smallest count that fits as FSDP (FITS
+  FROM), without activation checkpointing if it fits so, else with it; each layout's own at each count.
+- Layout and time: clusterctl.plan.search picks, at each count, the layout with the least step time
+  (clusterctl.plan.step_time: compute at the efficiency from clusterctl.plan.mfu and clusterctl.plan.efficiency,
+  plus the communication it does not hide); time = tokens / (GPUs x tokens/s per GPU).
+- Node counts: those where some layout splits the global batch (tokens per optimizer step, the same at every
+  node count) into whole micro-batches: global batch = seq x micro-batch x data-parallel ranks x accumulation.
 - Cost: nodes x hours x the catalog's on-demand price (instance_catalog/instance_types.py, us-east-1), plus the
   stack's FSx for Lustre file system for the same hours (clusterctl.plan.fsx_cost).
 - The choice (clusterctl.plan.choose): per type, the node count to act on.
-Idealised: no restarts, checkpoint stalls, queueing for capacity, or communication the MFU figure did not see.
+Idealised: no restarts, checkpoint stalls or queueing for capacity; what the step model leaves out is in its
+docstring.
 """
 
 from __future__ import annotations
@@ -24,8 +26,11 @@ from dataclasses import dataclass
 
 from cluster_aws.errors import EXIT_USAGE, ClusterctlError
 from cluster_spec.settings import MAX_NODE_COUNT
+from clusterctl.plan.efficiency import compute_efficiency
+from clusterctl.plan.layouts import LayoutRequest
 from clusterctl.plan.memory import MemoryEstimate, RunShape, estimate_memory
 from clusterctl.plan.mfu import Measurement, MfuChoice, MfuQuery, choose_mfu
+from clusterctl.plan.search import LayoutChoice, best_layout, layouts_at
 from clusterctl.plan.workload import Workload
 from instance_catalog.instance_types import InstanceType
 from training.shapes import flops_per_token
@@ -81,6 +86,8 @@ class Option:
     fsx_usd_per_hour: float = 0.0  # the stack's FSx for Lustre file system (clusterctl.plan.fsx_cost)
     node_counts: tuple[int, ...] = ()  # the counts that fit and split the global batch evenly
     horizon_days: float | None = None  # the plan's horizon (clusterctl.plan.choose), None where none applies
+    choice: LayoutChoice | None = None  # the layout at `nodes` and its step time (clusterctl.plan.search)
+    efficiency: float = 0.0  # the compute efficiency the step time ran at (clusterctl.plan.efficiency)
 
     @property
     def viable(self) -> bool:
@@ -98,6 +105,8 @@ class Option:
     @property
     def grad_accum_steps(self) -> int | None:
         """Micro-batches per GPU per optimizer step at `nodes`: the global batch over one micro-step's tokens."""
+        if self.choice is not None:
+            return self.choice.step.grad_accum_steps
         step = self.micro_batch_tokens * self.gpus
         return self.global_batch_tokens // step if step else None
 
@@ -113,6 +122,8 @@ class Option:
     def hours(self) -> float | None:
         if not self.nodes or not self.fits:
             return None
+        if self.choice is not None:  # the step model: compute and the communication it does not hide
+            return self.tokens / (self.gpus * self.choice.step.tokens_per_s_per_gpu) / SECONDS_PER_HOUR
         return training_hours(self.total_flops, self.instance_type, self.nodes, self.mfu_effective)
 
     @property
@@ -218,6 +229,7 @@ def plan_counts(
     measurements: list[Measurement] | None = None,
     spare_nodes: int = 0,
     fsx_usd_per_hour: float = 0.0,
+    layout: LayoutRequest | None = None,
 ) -> tuple[Option, list[Option]]:
     """(a stand-in Option that carries the type's facts, and its answer at every node count that fits and splits
     the global batch evenly, fewest nodes first). Where there is none, the stand-in says why (its problem)."""
@@ -235,18 +247,21 @@ def plan_counts(
     limit = MAX_NODES - spare_nodes
     without_ac = smallest_fit(workload, instance, False, global_batch_tokens, limit)
     with_ac = smallest_fit(workload, instance, True, global_batch_tokens, limit)
-    even = [n for n in range(1, limit + 1) if splits_evenly(workload, instance, n, global_batch_tokens)]
-    counts = tuple(n for n in even if with_ac is not None and n >= with_ac)
+    efficiency = compute_efficiency(mfu, workload.model)
+    even = [n for n in range(1, limit + 1) if with_ac is not None and n >= with_ac
+            and layouts_at(workload, instance, n, global_batch_tokens, layout)[0]]
+    choices = {n: best_layout(workload, instance, n, global_batch_tokens, efficiency, layout)[0] for n in even}
+    counts = tuple(n for n in even if choices[n] is not None)
     base = dict(instance_type=instance, fp8_backend=backend, min_nodes_without_ac=without_ac,
                 min_nodes_with_ac=with_ac, mfu=mfu, total_flops=flops_per_token(workload.model, workload.seq_len)
                 * tokens, tokens=tokens, spare_nodes=spare_nodes, global_batch_tokens=global_batch_tokens,
                 micro_batch_tokens=workload.seq_len * workload.micro_batch_size,
-                fsx_usd_per_hour=fsx_usd_per_hour, node_counts=counts)
+                fsx_usd_per_hour=fsx_usd_per_hour, node_counts=counts, efficiency=efficiency)
 
-    def at(count: int, problem: str = "") -> Option:
-        ac = without_ac is None or count < without_ac
-        memory = memory_at(workload, instance, count, ac, global_batch_tokens)
-        return Option(nodes=count, activation_checkpointing=ac, memory=memory, problem=problem, **base)
+    def at(count: int) -> Option:
+        choice = choices[count]
+        return Option(nodes=count, activation_checkpointing=choice.activation_checkpointing, memory=choice.memory,
+                      problem="", choice=choice, **base)
 
     if with_ac is None:
         memory = memory_at(workload, instance, limit, True, global_batch_tokens)
@@ -256,20 +271,32 @@ def plan_counts(
             f"({memory.peak_bytes / 2**30:.1f} GiB per GPU, {memory.usable_bytes / 2**30:.1f} usable)",
             **base,
         ), []
+    if not counts and layout is not None:
+        return Option(nodes=None, activation_checkpointing=True, memory=None, problem=_layout_problem(
+            workload, instance, with_ac, limit, global_batch_tokens, efficiency, layout), **base), []
     if not counts:
-        per_node = micro_step_tokens(workload, instance, 1)
+        per_rank = workload.seq_len * workload.micro_batch_size
         return Option(
             nodes=None, activation_checkpointing=True, memory=None,
             problem=f"fits from {with_ac} nodes, but no count from {with_ac} to {limit} splits the global batch of "
-            f"{global_batch_tokens:,} tokens into whole micro-batches ({per_node:,} tokens per node: seq "
-            f"{workload.seq_len} x micro-batch {workload.micro_batch_size} x {instance.gpu_count} GPUs); "
-            "--global-batch-tokens a multiple of that x nodes",
+            f"{global_batch_tokens:,} tokens into whole micro-batches ({per_rank:,} tokens per data-parallel rank: "
+            f"seq {workload.seq_len} x micro-batch {workload.micro_batch_size}; a node is {instance.gpu_count} "
+            f"ranks, or {instance.gpu_count} / tp with TP); --global-batch-tokens a multiple of {per_rank:,} x the "
+            "data-parallel ranks",
             **base,
         ), []
     return at(counts[0]), [at(n) for n in counts]
 
 
-def at_nodes(standin: Option, options: list[Option], workload: Workload, nodes: int) -> Option:
+def _layout_problem(workload: Workload, instance: InstanceType, first: int, limit: int, global_batch_tokens: int,
+                    efficiency: float, layout: LayoutRequest) -> str:
+    """Why --layout runs at no node count from `first` to `limit`: its reason at the first count."""
+    return best_layout(workload, instance, first, global_batch_tokens, efficiency, layout)[1] + (
+        f" (and at every count up to {limit})" if limit > first else "")
+
+
+def at_nodes(standin: Option, options: list[Option], workload: Workload, nodes: int,
+             layout: LayoutRequest | None = None) -> Option:
     """The type at exactly `nodes` (--nodes), or why not."""
     if standin.min_nodes_with_ac is None:
         return standin
@@ -277,6 +304,10 @@ def at_nodes(standin: Option, options: list[Option], workload: Workload, nodes: 
     if nodes in by_count:
         return by_count[nodes]
     it = standin.instance_type
+    if nodes >= standin.min_nodes_with_ac:
+        _, problem = best_layout(workload, it, nodes, standin.global_batch_tokens, standin.efficiency, layout)
+        if problem and (layout is not None or "fits" in problem):
+            return dataclasses.replace(standin, nodes=nodes, memory=None, problem=problem)
     if nodes < standin.min_nodes_with_ac:
         memory = memory_at(workload, it, nodes, True, standin.global_batch_tokens)
         problem = (f"does not fit on {nodes} nodes (needs {standin.min_nodes_with_ac}): "
@@ -316,4 +347,6 @@ def run_overrides(workload: Workload, option: Option, *, seq_len_given: bool, mi
         overrides.append(f"parallel.activation_checkpointing={str(option.activation_checkpointing).lower()}")
     if option.fp8_backend != workload.fp8_backend:
         overrides.append(f"fp8.backend={option.fp8_backend}")
+    if option.choice is not None:  # the layout, always: the trainer's defaults are FSDP over every rank
+        overrides += option.choice.layout.overrides
     return overrides

@@ -14,11 +14,13 @@ from clusterctl.plan import options as plan
 from clusterctl.plan.choose import COST_TIE_FRACTION, limit_reason
 from clusterctl.plan.explain import flops_explain, time_cost_explain
 from clusterctl.plan.fsx_cost import FsxCost
+from clusterctl.plan.search import fsdp_step
 from clusterctl.plan.workload import Workload
 from clusterctl.render import format_table
 from training.shapes import count_params
 
 GIB = memory.GIB
+FEW_TOKENS = 1e6  # fewer is a few optimizer steps at most: likely a forgotten suffix (200 for 200B)
 MFU_FROM = {"measured": "measured", "default": "assumed", "--mfu": "--mfu"}
 
 
@@ -33,6 +35,7 @@ class PlanView:
     by_cost: list[plan.Option]
     by_time: list[plan.Option]
     commands: dict[str, Any] | None
+    finetune: list[str] = ()  # clusterctl.plan.finetune's lines: each setting of a fine-tune and why
 
     @property
     def horizon_applies(self) -> bool:
@@ -49,15 +52,23 @@ def lines(view: PlanView) -> list[str]:
         f"{math.ceil(tokens / view.global_batch_tokens):,} steps; gradient accumulation = global batch / (seq x "
         "micro-batch x GPUs), so only node counts that split it evenly are planned",
         format_table(
-            ("TYPE", "GPUS", "FP8", "FITS FROM", "NODES", "ACCUM", "AC", "GIB/GPU", "MFU", "MFU FROM", "DAYS",
-             "INSTANCES", "FSX", "TOTAL", "$/M TOKENS"),
+            ("TYPE", "GPUS", "FP8", "FITS FROM", "NODES", "LAYOUT", "ACCUM", "AC", "GIB/GPU", "MFU", "MFU FROM",
+             "DAYS", "INSTANCES", "FSX", "TOTAL", "$/M TOKENS"),
             [_row(o) for o in view.options]),
     ]
+    if tokens < FEW_TOKENS:
+        out.insert(1, f"warning: --tokens {args.tokens} is {tokens:,.0f} tokens, under 1M: a forgotten suffix? "
+                      f"(K, M, B, T: {args.tokens}B is {plan.format_tokens(tokens * 1e9)})")
+    out += list(view.finetune)
     out += [f"{o.instance_type.name}: {o.problem}" for o in view.options if o.problem]
+    out += [step_line(o, workload, view.global_batch_tokens) for o in view.options if o.viable and o.choice]
     out += [f"{o.instance_type.name}: {o.days:,.1f} days even at {o.nodes} nodes ({limit_reason(o)})"
             for o in view.options if o.viable and not o.within_horizon]
     out += list(dict.fromkeys(f"MFU {o.instance_type.gpu_model} fp8 {o.fp8_backend}: {o.mfu.detail}"
                               for o in view.options))
+    if any(_mfu_scaled(o) for o in view.options):
+        out.append("MFU FROM x3/4 (AC): activation checkpointing recomputes the forward, a third more work than the "
+                   "model FLOPs count, so a figure without it is worth 3/4 with it (x4/3 the other way)")
     out.append(view.fsx.describe() if view.fsx else "FSx for Lustre: not counted (no cdk.json beside clusterctl)")
     if args.explain:
         out.append("arithmetic:")
@@ -70,7 +81,7 @@ def lines(view: PlanView) -> list[str]:
                 out += memory.explain(o.memory)
             out += time_cost_explain(o)
     if not view.by_cost:
-        out.append("no instance type fits: try a shorter --seq-len, --micro-batch-size 1, or a later deadline")
+        out.append(_none_fits(view))
         return out
     out.append("by cost: " + ", ".join(f"{o.instance_type.name} ${o.cost_usd:,.0f}" for o in view.by_cost))
     out.append("by time: " + ", ".join(f"{o.instance_type.name} {o.days:,.1f} days" for o in view.by_time))
@@ -83,10 +94,29 @@ def lines(view: PlanView) -> list[str]:
                "check the quota, deploy, then run:")
     commands = view.commands or {}
     out += [f"  {commands['quota']}", f"  {commands['deploy']}", f"  {commands['submit']}"]
-    out.append("estimates: on-demand us-east-1 list prices from the instance catalog; time at the MFU above, with "
-               "ideal scaling and no restarts, checkpoint stalls or waiting for capacity. A Capacity Block is priced "
-               "by its fee: clusterctl capacity offerings --regions ...")
+    if commands["runWarnings"]:  # the trainer's own check of the submit line: it would print these at start-up
+        out += [f"warning: {w}" for w in commands["runWarnings"]]
+        if not view.finetune:
+            out.append("warning: a run that continues published weights: clusterctl plan --finetune sizes the "
+                       "warmup, learning rate and checkpoint and validation intervals for its length")
+    out.append("estimates: on-demand us-east-1 list prices from the instance catalog; time from the step model: "
+               "compute at the MFU above as the kernels' efficiency, plus the communication it does not hide "
+               "(instance_catalog/network.py), with no restarts, checkpoint stalls or waiting for capacity. A "
+               "Capacity Block is priced by its fee: clusterctl capacity offerings --regions ...")
     return out
+
+
+def _none_fits(view: PlanView) -> str:
+    """The last line when no type runs: the reason itself where every type has the same one (--nodes 3 that
+    splits no global batch), else the advice for memory."""
+    problems = list(dict.fromkeys(o.problem for o in view.options))
+    advice = "try a shorter --seq-len, --micro-batch-size 1, or a later deadline"
+    memory_only = all("does not fit" in p for p in problems)
+    if len(problems) == 1:
+        return f"no instance type fits: {problems[0]}" + (f"; {advice}" if memory_only else "")
+    if memory_only:
+        return f"no instance type fits: {advice}"
+    return f"no instance type fits: {view.options[0].problem} (each type's reason is above)"
 
 
 def _batch_source(view: PlanView) -> str:
@@ -94,6 +124,8 @@ def _batch_source(view: PlanView) -> str:
         return "--global-batch-tokens"
     if view.workload.global_batch_tokens:
         return f"run.global_batch_tokens in {view.workload.config}"
+    if view.finetune:
+        return "the fine-tune default, Tulu 3's 128 x 4096 tokens (below)"
     return (f"the default, {plan.DEFAULT_GLOBAL_BATCH_TOKENS / 2**20:g}Mi tokens as Llama 2 and 3 trained; "
             "--global-batch-tokens changes it")
 
@@ -132,11 +164,12 @@ def _row(o: plan.Option) -> tuple[object, ...]:
         fp8,
         fits,
         o.nodes if o.nodes else "-",
+        o.choice.layout.name if o.viable and o.choice else "-",
         o.grad_accum_steps if o.viable else "-",
         "on" if o.activation_checkpointing else "off",
         "-" if mem is None else f"{mem.peak_bytes / GIB:.1f}/{mem.usable_bytes / GIB:.1f}",
         f"{o.mfu_effective:.2f}",
-        MFU_FROM.get(o.mfu.source, o.mfu.source),
+        MFU_FROM.get(o.mfu.source, o.mfu.source) + _mfu_scaled(o),
         days,
         _fmt(o.instances_usd, ",.0f", "$"),
         _fmt(o.fsx_usd, ",.0f", "$"),
@@ -145,5 +178,31 @@ def _row(o: plan.Option) -> tuple[object, ...]:
     )
 
 
+def _mfu_scaled(o: plan.Option) -> str:
+    """What the MFU column's figure is of its source: " x3/4 (AC)" where the row recomputes and the source did
+    not (clusterctl.plan.mfu.RECOMPUTE_FACTOR), " x4/3 (no AC)" the other way, else ""."""
+    if o.activation_checkpointing == o.mfu.activation_checkpointing:
+        return ""
+    return " x3/4 (AC)" if o.activation_checkpointing else " x4/3 (no AC)"
+
+
 def _fmt(value: float | None, spec: str, prefix: str = "") -> str:
     return "-" if value is None else f"{prefix}{value:{spec}}"
+
+
+def step_line(o: plan.Option, workload: Workload, global_batch_tokens: int) -> str:
+    """The chosen layout at the option's count: the step split, the predicted MFU and tokens/s, the flags, and what
+    it saves over FSDP across every GPU."""
+    step, layout = o.choice.step, o.choice.layout
+    line = (f"{o.instance_type.name} x {o.nodes}: {layout.name}, step {step.total_s:.2f} s = compute "
+            f"{step.compute_s:.2f} s + exposed communication {step.exposed_s:.2f} s (FSDP {step.fsdp_exposed_s:.2f}, "
+            f"HSDP {step.replica_exposed_s:.2f}, TP {step.tp_s:.2f}); predicted MFU {step.mfu:.3f}, "
+            f"{step.tokens_per_s_per_gpu:,.0f} tokens/s per GPU; " + " ".join(f"--set {f}" for f in layout.overrides))
+    if layout.dp_replicate == 1 and layout.tp == 1:
+        return line
+    fsdp = fsdp_step(workload, o.instance_type, o.nodes, global_batch_tokens, o.efficiency)
+    if fsdp is None:
+        return line + "; FSDP alone does not run or fit here"
+    saved = 1 - step.total_s / fsdp.total_s
+    return line + (f"; FSDP {layout.gpus} would take {fsdp.total_s:.2f} s a step "
+                   f"({fsdp.exposed_s:.2f} s exposed): {saved:.0%} {'saved' if saved >= 0 else 'more'}")

@@ -9,12 +9,12 @@ sequence length, micro-batch and settings that `clusterctl submit` would run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster_aws.errors import EXIT_USAGE, ClusterctlError
-from training.config import CONFIGS_DIR, TrainConfig, load_config, packaged_config_names
-from training.config_sections import ModelConfig
+from training.config import CONFIGS_DIR, TrainConfig, did_you_mean, load_config, packaged_config_names
+from training.config.sections import ModelConfig
 from training.errors import ConfigError
 
 
@@ -31,6 +31,9 @@ class Workload:
     fp8_backend: str  # "none", "torchao" or "te", as the config file has it
     fp8_recipe: str  # the backend's scaling recipe (torchao_recipe, te_recipe); "" with none
     compile: bool  # torch.compile per block, as the config file has it
+    path: Path = Path()  # the file read, to read it again with the plan's --set items
+    run_config: TrainConfig | None = field(default=None, compare=False)  # the config as read (with --seq-len ...)
+    overrides: tuple[str, ...] = ()  # the --set items --seq-len and --micro-batch-size stand for
 
     @property
     def preset(self) -> str:
@@ -38,6 +41,9 @@ class Workload:
 
     @property
     def name(self) -> str:
+        """A packaged config by its name (llama3-8b-finetune), as training names it; a file by its preset."""
+        if self.config.startswith("training/configs/"):
+            return Path(self.config).stem
         return self.model.preset or Path(self.config).stem
 
 
@@ -66,7 +72,16 @@ def load_workload(model: str, seq_len: int | None = None, micro_batch_size: int 
         fp8_backend=cfg.fp8.backend,
         fp8_recipe={"torchao": cfg.fp8.torchao_recipe, "te": cfg.fp8.te_recipe}.get(cfg.fp8.backend, ""),
         compile=cfg.parallel.compile,
+        path=path,
+        run_config=cfg,
+        overrides=tuple(overrides),
     )
+
+
+def run_config(workload: Workload, overrides: list[str]) -> TrainConfig:
+    """The config the plan's submit line runs: the file with its own --set items and `overrides` (the trainer's
+    loader and validation: a bad item is the plan's bug, said as a usage error rather than sent to the nodes)."""
+    return _load(workload.path, [*workload.overrides, *overrides])
 
 
 def _config_path(model: str) -> tuple[Path, str]:
@@ -78,7 +93,7 @@ def _config_path(model: str) -> tuple[Path, str]:
         return path, model
     raise ClusterctlError(
         f"--model {model!r}: allowed: a packaged config ({', '.join(packaged_config_names())}) or a training "
-        "config TOML file",
+        f"config TOML file{did_you_mean(model)}",
         EXIT_USAGE,
     )
 

@@ -18,15 +18,18 @@ NAMES = sorted(p.stem for p in CONFIGS_DIR.glob("*.toml"))
 
 
 def listed(text: str) -> list[str]:
-    """The names in the first parenthesised, comma-separated list of `text`."""
-    return re.search(r"\(([a-z0-9-]+(?:, [a-z0-9-]+)+)\)", " ".join(text.split())).group(1).split(", ")
+    """The names in the first parenthesised, comma-separated list of `text` (argparse wraps help lines after a
+    hyphen: "tiny-" / "cpu" is joined back)."""
+    joined = " ".join(text.split()).replace("- ", "-")
+    return re.search(r"\(([a-z0-9-]+(?:, [a-z0-9-]+)+)\)", joined).group(1).split(", ")
 
 
 def test_training_and_plan_list_the_same_names(cli):
     assert packaged_config_names() == NAMES and "tiny-cpu" in NAMES
     with pytest.raises(ConfigError) as refused:
         resolve_config_path("tiny")
-    assert listed(str(refused.value).replace("one of: ", "(") + ")") == NAMES
+    names, guess = str(refused.value).split("; did you mean ")  # a mistyped name: the closest, difflib's
+    assert listed(names.replace("one of: ", "(") + ")") == NAMES and guess == "tiny-cpu?"
     assert listed(training_parser().format_help().split("--config TOML")[-1]) == NAMES
     plan_refusal = cli("plan", "--model", "tiny", "--tokens", "1B")
     assert plan_refusal.code == EXIT_USAGE

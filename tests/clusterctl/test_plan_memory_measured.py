@@ -1,7 +1,7 @@
 """The memory model (clusterctl/plan/memory.py) against what torch itself measures for this project's model.
 
 torch.distributed._tools' MemTracker and FSDPMemTracker follow every tensor's storage through a real step
-(forward and backward through the trainer's own training.train._forward_backward with its default loss on
+(forward and backward through the trainer's own training.step.forward_backward with its default loss on
 the full fp32 logits, which the memory model is for; then AdamW) of training.model built as training does it
 (training.train.build_model: FSDP2 per block then the root, bf16 mixed precision, fp32 reduction), on the CPU,
 with a fake process group of G ranks standing in for G GPUs. Collectives move no data there, and nothing
@@ -20,11 +20,13 @@ from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker  # noqa: E
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType  # noqa: E402
 from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
 
+from training.config.parallel import ParallelConfig
 from training.fp8 import Fp8Config, build_fp8_backend  # noqa: E402
 from training.model import Transformer, build_model_config  # noqa: E402
 from training.optim import OptimConfig, build_optimizer  # noqa: E402
-from training.parallelize import DistInfo, ParallelConfig  # noqa: E402
-from training.train import _forward_backward, build_model  # noqa: E402
+from training.parallel.process_group import DistInfo  # noqa: E402
+from training.step import forward_backward  # noqa: E402
+from training.train import build_model  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -52,7 +54,7 @@ def measured_step_peak(world_size, shape, micro_batch_size, seq_len, activation_
         tracker.track_inputs((inputs,))
         with tracker:
             for _ in range(2):  # the second step has the optimizer state the first one created
-                _forward_backward(model, fp8, [(inputs, targets)], 1)  # parallel.loss_chunk_tokens = 0
+                forward_backward(model, fp8, [(inputs, targets)], 1)  # parallel.loss_chunk_tokens = 0
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)  # as training.train's loop
                 tracker.reset_mod_stats()

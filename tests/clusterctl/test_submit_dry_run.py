@@ -71,11 +71,57 @@ def test_dry_run_as_json_names_what_only_the_stack_knows(offline):
 
 
 def test_dry_run_of_a_config_on_the_nodes_checks_the_set_items_alone(offline):
-    result = offline("submit", "--config", "/fsx/configs/run.toml", "--set", "run.steps=10", "--dry-run")
+    result = offline("submit", "--config", "/fsx/configs/run.toml", "--set", "run.steps=10", "--dry-run",
+                     "--remote-path")
     assert result.code == EXIT_OK, result.err
     assert "/fsx/configs/run.toml is a path on the nodes: not read here" in result.out
-    bad = offline("submit", "--config", "/fsx/configs/run.toml", "--set", "run.stepz=10", "--dry-run")
+    bad = offline("submit", "--config", "/fsx/configs/run.toml", "--set", "run.stepz=10", "--dry-run",
+                  "--remote-path")
     assert bad.code == EXIT_USAGE and "run.stepz: unknown key" in bad.err
+
+
+def test_dry_run_of_a_path_it_cannot_read_says_not_checked_and_fails(offline):
+    # issue 44: it printed "is valid" for a file it never read
+    result = offline("submit", "--config", "/fsx/configs/run.toml", "--dry-run")
+    assert (result.code, result.out) == (EXIT_USAGE, "")
+    assert result.err == ("clusterctl: error: dry run: /fsx/configs/run.toml: not checked (no such file on this "
+                          "machine); pass --remote-path if it is a path on the nodes (the --set items alone are "
+                          "then checked)\n")
+
+
+def test_dry_run_reads_a_local_absolute_path_and_refuses_an_unknown_key(offline, tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text('[model]\npreset = "tiny"\n[run]\nstpes = 100\n')
+    bad = offline("submit", "--config", str(config), "--dry-run")
+    assert (bad.code, bad.out) == (EXIT_USAGE, "")
+    assert bad.err.startswith(f"clusterctl: error: not submitted: {config} with the --set items: run.stpes: "
+                              "unknown key; allowed: seed, steps,")
+    config.write_text('[model]\npreset = "tiny"\n[run]\nsteps = 100\n')
+    good = offline("submit", "--config", str(config), "--dry-run", "--json")
+    assert good.code == EXIT_OK, good.err
+    assert json.loads(good.out)["settings"]["run.steps"] == 100
+
+
+def test_a_packaged_name_is_its_file_in_the_bundle(offline):
+    result = offline("submit", "--config", "1b", "--dry-run", "--json")
+    assert result.code == EXIT_OK, result.err
+    report = json.loads(result.out)
+    assert report["config"] == "training/configs/1b.toml" and report["settings"]["model.preset"] == "1b"
+    assert report["parameters"]["config"] == ["training/configs/1b.toml"]
+
+
+def test_dry_run_says_the_trainers_warnings_about_the_runs_length(offline):
+    # issue 44's fine-tune: 477 steps of llama3-8b kept a warmup of 2000 and a checkpoint interval of 500
+    result = offline("submit", "--config", "llama3-8b", "--set", "run.steps=477", "--dry-run")
+    assert result.code == EXIT_OK, result.err
+    assert result.err.splitlines() == [
+        "clusterctl: warning: optim.warmup_steps=2000 >= run.steps=477: the learning rate never reaches its peak "
+        "optim.lr=3.00e-04 (the last step runs at 7.15e-05); set fewer warmup steps than the run has, e.g. --set "
+        "optim.warmup_steps=23 (5%)",
+        "clusterctl: warning: checkpoint.interval_steps=500 >= run.steps=477: no checkpoint is written before the "
+        "end of the run, only at the end and on SIGTERM or Ctrl-C; the local tier saves every 50 steps, but not "
+        "to checkpoint.dir; set it below run.steps, e.g. --set checkpoint.interval_steps=119",
+    ]
 
 
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]])

@@ -50,7 +50,7 @@ def test_the_quick_start_comes_first_and_has_the_five_steps():
     first_heading = re.search(r"^## (.*)$", README, re.M)
     assert first_heading.group(1).startswith("Quick start") and README[:first_heading.start()].count("\n") < 30
     programs = [c[0] if c[0] != "python" else f"python {c[2]}" for c in (strip_env(c) for c in QUICK_START)]
-    assert programs == ["make", "export", "python training.prepare", "python training", "torchrun",
+    assert programs == ["make", "export", "python training.data.prepare", "python training", "torchrun",
                         "clusterctl", "make"]
 
 
@@ -73,8 +73,8 @@ def test_each_quick_start_command_is_one_this_checkout_runs(argv):
         from clusterctl.cli import build_parser
 
         assert build_parser().parse_args(argv[1:]).command == "plan"
-    elif argv[:3] == ["python", "-m", "training.prepare"]:
-        from training.prepare import build_parser as prepare_parser
+    elif argv[:3] == ["python", "-m", "training.data.prepare"]:
+        from training.data.prepare import build_parser as prepare_parser
 
         args = prepare_parser().parse_args(argv[3:])
         assert str(args.output) == "/tmp/shards" and args.tokenizer == "byte"
@@ -92,7 +92,7 @@ def test_each_quick_start_command_is_one_this_checkout_runs(argv):
 
         args = training_parser().parse_args(train_argv)
         config = load_config(args.config, args.overrides)
-        # the byte tokenizer's ids (257) fit the config's vocabulary: training.prepare's default shards train
+        # the byte tokenizer's ids (257) fit the config's vocabulary: training.data.prepare's default shards train
         assert config.data.source == "shards" and config.data.path == "/tmp/shards"
         assert config.model.vocab_size >= 257
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from training.parallelize import destroy_distributed, init_distributed
+from training.parallel.process_group import destroy_distributed, init_distributed
 
 
 @pytest.fixture()

@@ -10,7 +10,7 @@ import pytest
 from preloaded_ranks import run_preloaded
 
 from training.bench_io import main, write_random_shards
-from training.shards import open_shards
+from training.data.shards import open_shards
 
 REPO = Path(__file__).resolve().parents[2]
 

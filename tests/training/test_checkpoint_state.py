@@ -22,8 +22,9 @@ from training.checkpoint.checkpointer import CheckpointConfig, Checkpointer, Che
 from training.checkpoint.layout import MARKER_FILE
 from training.checkpoint.state import TE_UNSAFE_PICKLE_ENV, UnsupportedCheckpointTensor, build_state
 from training.checkpoint.verify import CheckpointVerificationError, VerifyingSavePlanner, describe, verify
+from training.config.parallel import ParallelConfig
 from training.fp8 import Fp8Config, build_fp8_backend
-from training.parallelize import ParallelConfig, build_data_parallel_mesh
+from training.parallel.parallelize import build_data_parallel_mesh
 from training.train import build_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

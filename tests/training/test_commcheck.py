@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from node_bootstrap import jobs as node_jobs
 from training import commcheck
-from training.parallelize import destroy_distributed, init_distributed
+from training.parallel.process_group import destroy_distributed, init_distributed
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 180  # a hung collective fails the test instead of the whole CI job

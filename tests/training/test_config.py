@@ -10,7 +10,8 @@ from training.config import CONFIGS_DIR, DEFAULT_CONFIG, TrainConfig, load_confi
 from training.errors import ConfigError
 from training.model import MODEL_PRESETS
 
-PACKAGED = ("tiny-cpu", "125m", "1b", "llama3-8b", "llama3-70b")
+PACKAGED = ("tiny-cpu", "125m", "1b", "llama3-8b", "llama3-70b", "llama3-8b-finetune")
+PRESET_OF = {"tiny-cpu": "tiny", "llama3-8b-finetune": "llama3-8b"}  # where a config's name is not its preset
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -22,7 +23,7 @@ def write(tmp_path: Path, text: str) -> Path:
 @pytest.mark.parametrize("name", PACKAGED)
 def test_packaged_configs_load_and_validate(name):
     cfg = load_config(CONFIGS_DIR / f"{name}.toml")
-    preset = "tiny" if name == "tiny-cpu" else name
+    preset = PRESET_OF.get(name, name)
     assert cfg.model.preset == preset
     for key, value in MODEL_PRESETS[preset].items():
         assert getattr(cfg.model, key) == value

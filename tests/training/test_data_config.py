@@ -2,7 +2,7 @@
 
 import pytest
 
-from training.data import DataConfig
+from training.data.batches import DataConfig
 from training.errors import ConfigError
 
 

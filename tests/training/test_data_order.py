@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from training.data import SampleLayout, permute
+from training.data.batches import SampleLayout, permute
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 16, 17, 1000, 4099])

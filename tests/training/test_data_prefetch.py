@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
-from training import data as data_module
-from training.data import DataConfig, Prefetcher, build_batch_source
+from training.data import batches as data_module
+from training.data.batches import DataConfig, Prefetcher, build_batch_source
 
 
 def _source():

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from training.data import DataConfig, build_batch_source, permute
+from training.data.batches import DataConfig, build_batch_source, permute
+from training.data.prepare import prepare
+from training.data.shards import ShardFormatError, ShardWriter, open_shards
+from training.data.tokenizer import ByteTokenizer
 from training.errors import ConfigError
-from training.prepare import prepare
-from training.shards import ShardFormatError, ShardWriter, open_shards
-from training.tokenizer import ByteTokenizer
 
 DOCS = [f"document {i}: " + "lorem ipsum dolor sit amet " * (i % 7 + 1) + "é ü 字" for i in range(40)]
 

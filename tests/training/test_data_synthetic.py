@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from training.data import DataConfig, SyntheticBatchSource, build_batch_source
+from training.data.batches import DataConfig, SyntheticBatchSource, build_batch_source
 from training.errors import ConfigError
 
 VOCAB = 64

@@ -23,7 +23,7 @@ from training.fp8 import (
     te_unverified_combinations,
 )
 from training.model import Transformer, build_model_config
-from training.parallelize import apply_activation_checkpointing
+from training.parallel.parallelize import apply_activation_checkpointing
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

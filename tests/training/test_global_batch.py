@@ -65,7 +65,8 @@ def test_the_trainer_accumulates_what_the_global_batch_asks_for(tmp_path):
     common = ["--set", "run.steps=2", "--set", "run.log_interval_steps=1", "--resume", "none"]
     by_batch = run_cli(*common, "--set", "run.global_batch_tokens=1024", "--set", f"checkpoint.dir={tmp_path / 'a'}")
     assert by_batch.returncode == 0, by_batch.stderr
-    assert "global batch: 1024 tokens a step = seq 64 x micro-batch 8 x 1 ranks x 2 accumulated" in by_batch.stderr
+    assert ("global batch: 1024 tokens a step = seq 64 x micro-batch 8 x 1 data-parallel ranks x 2 accumulated"
+            in by_batch.stderr)
     by_accum = run_cli(*common, "--set", "run.grad_accum_steps=2", "--set", f"checkpoint.dir={tmp_path / 'b'}")
     assert by_accum.returncode == 0, by_accum.stderr
 

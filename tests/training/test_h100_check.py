@@ -21,8 +21,8 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks/scripts/h100_check.sh"
 REPORT = REPO / "benchmarks/scripts/h100_check_report.py"
-FILES = ["1-node-fp8", "2-fp8-8b", "2b-titan-8b", "3-mfu-1b", "4-local-tier", "5a-hf-parity", "5b-compile-cache"]
-ORDER = ["node-fp8", "fp8-8b", "mfu-1b", "local-tier", "hf-parity", "compile-cache", "titan-8b"]
+FILES = ["1-node-fp8", "2-fp8-8b", "3-mfu-1b", "4-local-tier", "5a-hf-parity", "5b-compile-cache", "6-layout-tp1"]
+ORDER = ["node-fp8", "fp8-8b", "mfu-1b", "local-tier", "hf-parity", "compile-cache", "layout-tp1"]
 
 
 def run_check(out: Path, work: Path, *args: str) -> subprocess.CompletedProcess:
@@ -128,8 +128,27 @@ def test_the_warm_compile_reads_the_cold_ones_cache(dry_run):
     assert any((work / "inductor-1b").rglob("*"))  # both runs used the part's own cache directory
 
 
-def test_torchtitan_runs_only_when_it_is_there(dry_run):
-    part = dry_run[3]["titan-8b"]
+def test_the_layout_part_runs_the_layout_path_at_tp_1_with_fp8_against_the_plans_memory(dry_run):
+    part = dry_run[3]["layout-tp1"]
+    assert part["status"] == "ok" and part["steps"] == 6
+    assert part["layout"] == {"dp_replicate": 1, "dp_shard": 1, "tp": 1}  # the step records carry it
+    assert part["layout_line"] == "layout: FSDP 1 (parallel.dp_replicate=1 dp_shard=1 tp=1) on 1 ranks"
+    # the dry run's tiny model at its shape (mb 8 x seq 64), as clusterctl/plan/memory.py predicts it; no GPU,
+    # so nothing measured against it (a CPU's figure is the process's RSS)
+    from clusterctl.plan.memory import RunShape, estimate_memory
+    from training.config import load_config
+
+    model = load_config(None, []).model
+    predicted = estimate_memory(model, RunShape(micro_batch_size=8, seq_len=64), 1, 80.0).peak_bytes / 2**30
+    assert part["predicted_peak_gib"] == pytest.approx(predicted) and "measured_peak_gib" not in part
+    assert part["key"]["value"] == part["predicted_peak_gib"] and part["key"]["met"] is None
+
+
+def test_torchtitan_runs_only_in_its_own_call_and_only_when_it_is_there(tmp_path):
+    result = run_check(tmp_path / "out", tmp_path / "work", "--dry-run", "--only", "titan-8b")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["2b-titan-8b.json", "summary.json"]
+    part = json.loads((tmp_path / "out" / "2b-titan-8b.json").read_text())
     if importlib.util.find_spec("torchtitan") is None and not any((REPO / ".whl").rglob("torchtitan-*.whl")):
         assert part["status"].startswith("skipped: torchtitan not importable: carry its wheels in .whl/")
     else:

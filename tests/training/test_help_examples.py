@@ -12,7 +12,7 @@ import pytest
 
 from training import __main__ as training_main
 from training import export as training_export
-from training.help_text import EXAMPLE_PREFIX
+from training.config.help_text import EXAMPLE_PREFIX
 
 REPO = Path(__file__).resolve().parents[2]
 

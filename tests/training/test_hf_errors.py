@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from tests.hf_support import save_tiny_llama
 from training.__main__ import EXIT_CONFIG, main
-from training.shards import ShardWriter
+from training.data.shards import ShardWriter
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -110,7 +110,7 @@ def test_a_vocabulary_too_small_for_the_data(capsys, model_dir, tmp_path):
     line = _run(capsys, model_dir, "--set", "data.source=shards", "--set", f"data.path={shards}")
     assert line == (f"config error: data.path={str(shards)!r}: token ids up to 511 (its tokenizer's vocab_size 512), "
                     f"but {model_dir / 'config.json'} has vocab_size=320; allowed: data prepared with that model's "
-                    "own tokenizer.json (python -m training.prepare --tokenizer <init.hf_dir>/tokenizer.json)")
+                    "own tokenizer.json (python -m training.data.prepare --tokenizer <init.hf_dir>/tokenizer.json)")
 
 
 def test_a_preset_of_another_shape(capsys, model_dir):

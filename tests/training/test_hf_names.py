@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from training.config import load_config
-from training.config_sections import ModelConfig
+from training.config.sections import ModelConfig
 from training.errors import ConfigError
 from training.hf.config import hf_config, model_config_from_hf, same_shape
 from training.hf.names import expected_shapes, from_hf, to_hf

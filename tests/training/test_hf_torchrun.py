@@ -16,7 +16,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from tests.hf_support import KINDS, TOKENIZER_JSON, VOCAB, hf_logits, read_safetensors_dir, save_tiny_llama
 from tests.torchrun_support import REPO, RUN_TIMEOUT_S, SMALL, env
-from training.config_sections import ModelConfig
+from training.config.sections import ModelConfig
 from training.hf.export import export_checkpoint
 from training.hf.names import to_hf
 from training.model import Transformer

@@ -129,13 +129,14 @@ def test_with_the_local_tier_gone_the_durable_tier_is_used(straight, copy_of):
 # -- the choice and the layout, in one process -------------------------------------------------------------
 
 
-def write_shard(root: Path, step: int, rank: int, payload: bytes = b"shard bytes", world_size: int = 2) -> Path:
+def write_shard(root: Path, step: int, rank: int, payload: bytes = b"shard bytes", world_size: int = 2,
+                layout: dict[str, int] | None = None) -> Path:
     partial = partial_dir(root, step, rank)
     partial.mkdir(parents=True)
     (partial / "__0_0.distcp").write_bytes(payload)
     (partial / ".metadata").write_bytes(b"meta")
     write_shard_marker(partial, ShardInfo(step=step, rank=rank, world_size=world_size,
-                                          files=digest_files(partial)))
+                                          files=digest_files(partial), layout=layout))
     final = shard_dir(root, step, rank)
     partial.rename(final)
     return final
@@ -204,6 +205,28 @@ def test_the_newest_complete_local_step_wins_unless_a_durable_one_is_newer(one_r
     assert choose_local_resume(one_rank, not_older_than=0).step == 12
     assert choose_local_resume(one_rank, not_older_than=12).step == 12  # a tie: the local tier
     assert choose_local_resume(one_rank, not_older_than=13) is None  # the durable step 13+ wins
+
+
+def test_a_local_step_of_another_layout_is_passed_over_in_one_line(one_rank, tmp_path, caplog):
+    """A shard is one rank's slices under one layout: under another layout the run uses an older step of its
+    own layout, or none (then the durable tier, which reshards). One rank, so the markers stand in for a
+    job's: what counts is the layout they record against the run's."""
+    other = {"dp_replicate": 2, "dp_shard": 1, "tp": 1}  # what a shard of HSDP 2 x 1 would record
+    write_shard(tmp_path, 8, 0, world_size=1)  # a marker of before layouts: FSDP over its world size
+    write_shard(tmp_path, 12, 0, world_size=1, layout=other)
+    marker = json.loads((shard_dir(tmp_path, 12, 0) / SHARD_MARKER).read_text())
+    assert marker["layout"] == other and ShardInfo.from_json(json.dumps(marker)).layout_degrees == other
+    assert one_rank.layout == {"dp_replicate": 1, "dp_shard": 1, "tp": 1}
+    assert choose_local_resume(one_rank, not_older_than=0).step == 8
+    assert caplog.messages == ["local checkpoint step 12: saved under parallel dp_replicate=2 dp_shard=1 tp=1, "
+                               "this run is dp_replicate=1 dp_shard=1 tp=1: not used (a shard holds one layout's "
+                               "slices; the durable tier reshards)"]
+    caplog.clear()
+    assert choose_local_resume(one_rank, not_older_than=9) is None  # none of its layout: the durable tier
+    assert len(caplog.messages) == 1 and "step 12: saved under parallel dp_replicate=2" in caplog.text
+    write_shard(tmp_path, 16, 0, world_size=1)
+    caplog.clear()
+    assert choose_local_resume(one_rank, not_older_than=13).step == 16 and caplog.messages == []  # older: not said
 
 
 def test_a_damaged_local_step_is_passed_over_for_an_older_one(one_rank, tmp_path, caplog):

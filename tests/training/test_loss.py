@@ -148,7 +148,7 @@ def test_the_model_returns_the_loss_with_targets_and_saves_no_logits_when_fused(
 
 
 def test_the_full_logits_path_saves_only_the_fp32_copy_so_the_bf16_logits_can_be_freed():
-    """training.train._forward_backward deletes the model's bf16 logits before backward: autograd holds only
+    """training.step.forward_backward deletes the model's bf16 logits before backward: autograd holds only
     the fp32 copy (log-softmax's output), so nothing else keeps them alive."""
     n, dim, vocab = 64, 16, 300
     h, weight, targets = (t.detach().bfloat16().requires_grad_() if t.is_floating_point() else t

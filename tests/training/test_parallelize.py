@@ -15,16 +15,14 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 from torchrun_support import Run, run_ranks
 
+from training.config.parallel import ParallelConfig
 from training.errors import ConfigError
 from training.fp8 import Fp8Config, build_fp8_backend
 from training.model import Transformer, build_model_config
-from training.parallelize import (
-    ParallelConfig,
-    apply_parallelism,
-    build_data_parallel_mesh,
-    init_distributed,
-    set_process_group_timeout,
-)
+from training.parallel.layout import Layout
+from training.parallel.mesh import build_mesh
+from training.parallel.parallelize import apply_parallelism
+from training.parallel.process_group import init_distributed, set_process_group_timeout
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -37,7 +35,7 @@ def build(info, parallel: ParallelConfig, fp8=None, seed: int = 0, **shape) -> T
         model = Transformer(build_model_config("tiny", **shape))
     if fp8 is not None:
         fp8.convert(model)
-    apply_parallelism(model, parallel, build_data_parallel_mesh(info))
+    apply_parallelism(model, parallel, build_mesh(Layout(1, info.world_size, 1), info.device.type))
     model.to_empty(device=info.device)
     model.init_weights(seed=seed)
     return model
@@ -219,15 +217,19 @@ TWO_RANK_SCRIPT = textwrap.dedent(
     import gc
     import torch, torch.distributed as dist, torch.nn.functional as F
     from training.model import Transformer, build_model_config
-    from training.parallelize import (
-        ParallelConfig, apply_parallelism, build_data_parallel_mesh, init_distributed)
+    from training.config.parallel import ParallelConfig
+    from training.parallel.layout import Layout
+    from training.parallel.mesh import build_mesh
+    from training.parallel.parallelize import apply_parallelism
+    from training.parallel.process_group import init_distributed
     torch.set_num_threads(1)
     info = init_distributed()
 
     def sharded_model():
         with torch.device("meta"):
             model = Transformer(build_model_config("tiny"))
-        apply_parallelism(model, ParallelConfig(param_dtype="float32"), build_data_parallel_mesh(info))
+        mesh = build_mesh(Layout(1, info.world_size, 1), "cpu")
+        apply_parallelism(model, ParallelConfig(param_dtype="float32"), mesh)
         model.to_empty(device="cpu")
         model.init_weights(seed=3)
         return model

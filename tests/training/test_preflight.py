@@ -16,10 +16,10 @@ import pytest
 from training import preflight
 from training.checkpoint.resume import resume_with_fallback
 from training.config import load_config
-from training.data import build_batch_source
+from training.data.batches import build_batch_source
+from training.data.shards import ShardWriter, open_shards
 from training.errors import ConfigError
 from training.preflight import check_checkpoint_dir, run_preflight, sample_ranges, sampled_shards
-from training.shards import ShardWriter, open_shards
 
 REPO = Path(__file__).resolve().parents[2]
 

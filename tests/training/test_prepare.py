@@ -1,4 +1,4 @@
-"""python -m training.prepare: text and jsonl to shards, errors that name file and line, safe overwrite."""
+"""python -m training.data.prepare: text and jsonl to shards, errors that name file and line, safe overwrite."""
 
 import json
 import subprocess
@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from training.prepare import main
-from training.shards import open_shards
+from training.data.prepare import main
+from training.data.shards import open_shards
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -163,7 +163,7 @@ def test_a_local_tokenizer_json(tmp_path):
 
 def test_the_module_runs_as_a_command(corpus, tmp_path):
     help_text = subprocess.run(
-        [sys.executable, "-m", "training.prepare", "--help"],
+        [sys.executable, "-m", "training.data.prepare", "--help"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -179,7 +179,7 @@ def test_the_module_runs_as_a_command(corpus, tmp_path):
     ):
         assert option in help_text
     run = subprocess.run(
-        [sys.executable, "-m", "training.prepare", "--input", str(corpus), "--output", str(tmp_path / "out")],
+        [sys.executable, "-m", "training.data.prepare", "--input", str(corpus), "--output", str(tmp_path / "out")],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -1,4 +1,4 @@
-"""training.prepare's compressed JSON lines and Parquet inputs: the same shards as plain .jsonl, read streaming."""
+"""training.data.prepare's compressed JSON lines and Parquet inputs: the same shards as plain .jsonl, read streaming."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from training.prepare import main
-from training.prepare_inputs import PYARROW_PIN, ZSTANDARD_PIN, PrepareError, read_documents
-from training.shards import open_shards
+from training.data.prepare import main
+from training.data.prepare_inputs import PYARROW_PIN, ZSTANDARD_PIN, PrepareError, read_documents
+from training.data.shards import open_shards
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = ["first document", "zwei: straße, 東京", "", "   ", "a longer one\nwith two lines\n", "last"]

@@ -14,7 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
 from training.config import load_config
-from training.config_sections import JOB_ID_ENV
+from training.config.sections import JOB_ID_ENV
 from training.errors import ConfigError
 from training.metrics import MetricsConfig, MetricsLogger, ThroughputModel
 from training.tensorboard import SCALARS, EventFileWriter, crc32c, open_tensorboard, scalars_of

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from training.tokenizer import BYTE_EOS_ID, ByteTokenizer, JsonFileTokenizer, TokenizerError, load_tokenizer
+from training.data.tokenizer import BYTE_EOS_ID, ByteTokenizer, JsonFileTokenizer, TokenizerError, load_tokenizer
 
 
 def test_byte_tokenizer_round_trips_utf8():
@@ -49,6 +49,17 @@ def test_tokenizer_json_is_loaded_from_the_file_and_finds_its_eos(tmp_path):
     described = tok.describe()
     assert described["kind"] == "tokenizer.json" and described["eos_token"] == "</s>"
     assert len(described["sha256"]) == 64 and described["path"] == str(path.resolve())
+
+
+def test_a_model_directory_means_its_tokenizer_json(tmp_path):
+    # issue 44: a fine-tune prepares its data with the model's own tokenizer, given as the model's directory
+    path = write_tokenizer_json(tmp_path / "tokenizer.json")
+    tok = load_tokenizer(str(tmp_path))
+    assert isinstance(tok, JsonFileTokenizer) and tok.describe()["path"] == str(path.resolve())
+    empty = tmp_path / "no-tokenizer"
+    empty.mkdir()
+    with pytest.raises(TokenizerError, match=r"no-tokenizer/tokenizer.json': no such file"):
+        load_tokenizer(str(empty))
 
 
 def test_an_explicit_eos_token_must_exist(tmp_path):

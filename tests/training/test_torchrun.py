@@ -154,7 +154,7 @@ def test_a_2_rank_checkpoint_loads_bit_exactly_into_1_rank(straight_runs, tmp_pa
     from training.config import load_config
     from training.fp8 import NoFp8
     from training.optim import build_optimizer
-    from training.parallelize import destroy_distributed, init_distributed
+    from training.parallel.process_group import destroy_distributed, init_distributed
     from training.train import build_model
 
     _, root = straight_runs("full-logits")

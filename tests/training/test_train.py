@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from tests.hf_support import save_tiny_llama
-from training.__main__ import build_parser
+from training.__main__ import build_parser, main
 from training.fp8 import Fp8Config, build_fp8_backend
-from training.train import _forward_backward, clip_grad_norm_
+from training.step import clip_grad_norm_, forward_backward
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,7 +37,7 @@ def test_accumulated_gradients_equal_the_full_batch_gradients():
     accumulated = tiny_lm()
     halves = [(inputs[:2], targets[:2]), (inputs[2:], targets[2:])]
     no_fp8 = build_fp8_backend(Fp8Config(backend="none"))
-    loss = _forward_backward(accumulated, no_fp8, halves, grad_accum_steps=2)
+    loss = forward_backward(accumulated, no_fp8, halves, grad_accum_steps=2)
 
     expected_loss = F.cross_entropy(full(inputs).flatten(0, 1), targets.flatten())
     assert loss.item() == pytest.approx(expected_loss.item(), rel=1e-6)
@@ -47,7 +47,7 @@ def test_accumulated_gradients_equal_the_full_batch_gradients():
 
 
 def test_the_fused_loss_accumulates_the_gradients_of_the_full_logits_loss():
-    """parallel.loss_chunk_tokens > 0: _forward_backward asks the model for the loss (Transformer.forward with
+    """parallel.loss_chunk_tokens > 0: forward_backward asks the model for the loss (Transformer.forward with
     targets); over 2 micro-batches the gradients are the full-logits path's."""
     from training.model import Transformer, build_model_config
 
@@ -60,7 +60,7 @@ def test_the_fused_loss_accumulates_the_gradients_of_the_full_logits_loss():
     for chunk in (0, 24):  # 32 tokens per micro-batch: a chunk of 24 and one of 8
         model = Transformer(cfg)
         model.init_weights(seed=0)
-        losses.append(_forward_backward(model, no_fp8, halves, grad_accum_steps=2, loss_chunk_tokens=chunk))
+        losses.append(forward_backward(model, no_fp8, halves, grad_accum_steps=2, loss_chunk_tokens=chunk))
         models.append(model)
     assert losses[1].item() == pytest.approx(losses[0].item(), rel=1e-6) and not losses[1].requires_grad
     for (name, a), b in zip(models[0].named_parameters(), models[1].parameters(), strict=True):
@@ -106,6 +106,15 @@ def test_a_config_error_is_one_line_and_exit_2():
     assert proc.stdout == ""
 
 
+def test_a_data_path_with_synthetic_data_is_refused_in_one_line(capsys):
+    # issue 44: --set data.path alone trained on synthetic data and exited 0 (refused before torch is imported)
+    assert main(["--set", "data.path=/tmp/shards"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip().splitlines() == [
+        "config error: data.path='/tmp/shards': not read with data.source='synthetic'; allowed: "
+        "data.source='shards' with it, or no data.path for synthetic data"]
+
+
 def test_a_resume_path_that_is_not_a_checkpoint_is_a_config_error(tmp_path):
     proc = run_cli("--resume", str(tmp_path), "--set", "run.steps=1")
     assert proc.returncode == 2, proc.stderr
@@ -128,17 +137,30 @@ def test_the_embedded_default_trains_as_one_process_without_torchrun(tmp_path):
     assert [r["step"] for r in records] == [1, 10, 20] and {r["event"] for r in records} == {"step"}
     assert records[-1]["loss"] < records[0]["loss"]
     assert (tmp_path / "step-20" / "train_state.json").is_file()
+    # said once at start-up: the data read, the schedule, and that tiny-cpu saves only at the end
+    assert _logged(proc.stderr, "data: ") == ["source synthetic (no files: a Markov chain over 320 token ids, "
+                                              "4 successors each), no path, no tokenizer"]
+    assert _logged(proc.stderr, "lr schedule: ") == [
+        "peak 3.00e-03 after 10 warmup steps, cosine decay over steps 11-20 to 3.00e-04; final lr 3.00e-04 at step 20"]
+    assert _logged(proc.stderr, "checkpoint.interval_steps=0 (off): ") == [
+        "no checkpoint is written before the end of the run's 20 steps, only at the end and on SIGTERM or Ctrl-C; "
+        "set it below run.steps to save along the way"]
+
+
+def _logged(stderr: str, prefix: str) -> list[str]:
+    """What the log lines starting (after the logging prefix) with ``prefix`` say after it."""
+    return [line.split(prefix, 1)[1] for line in stderr.splitlines() if f": {prefix}" in line]
 
 
 @pytest.mark.slow
 def test_the_default_config_trains_on_byte_shards_from_prepare(tmp_path):
-    # README: `python -m training.prepare` with the byte tokenizer, then the embedded default on those shards
+    # README: `python -m training.data.prepare` with the byte tokenizer, then the embedded default on those shards
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for i in range(3):
         (corpus / f"doc{i}.txt").write_text("the quick brown fox jumps over the lazy dog. " * 100)
     shards = tmp_path / "shards"
-    prepared = subprocess.run([sys.executable, "-m", "training.prepare", "--input", str(corpus), "--output",
+    prepared = subprocess.run([sys.executable, "-m", "training.data.prepare", "--input", str(corpus), "--output",
                                str(shards)], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert prepared.returncode == 0, prepared.stderr
     proc = run_cli("--set", "data.source=shards", "--set", f"data.path={shards}", "--set", "run.steps=10",
@@ -149,6 +171,10 @@ def test_the_default_config_trains_on_byte_shards_from_prepare(tmp_path):
     assert resume == {"event": "resume", "step": 0, "path": None}
     assert [(r["event"], r["step"]) for r in records] == [("step", 1), ("step", 10)]
     assert records[-1]["loss"] < records[0]["loss"]
+    index = json.loads((shards / "index.json").read_text())
+    assert _logged(proc.stderr, "data: ") == [
+        f"source shards, path {str(shards)!r}, {index['num_tokens']:,} tokens, tokenizer byte (vocab_size 257, "
+        "end-of-document id 256)"]
 
 
 def test_train_leaves_no_model_for_interpreter_shutdown_to_collect():

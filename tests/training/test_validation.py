@@ -14,12 +14,13 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from training.config import load_config
-from training.config_sections import DataConfig, Fp8Config, ModelConfig, ParallelConfig, ValidationConfig
+from training.config.parallel import ParallelConfig
+from training.config.sections import DataConfig, Fp8Config, ModelConfig, ValidationConfig
+from training.data.shards import ShardWriter
 from training.errors import ConfigError
 from training.fp8 import build_fp8_backend
 from training.loss import cross_entropy_loss
 from training.metrics import MetricsConfig, MetricsLogger, ThroughputModel
-from training.shards import ShardWriter
 from training.train import build_model
 from training.validation import ValidationResult, Validator, build_validator, open_validation_shards
 
@@ -62,7 +63,7 @@ def test_validation_is_off_by_default_and_on_with_all_three_settings(held_out):
      "validation.path='': allowed: a held-out shard directory (with index.json) when validation.interval_steps "
      "is set (50)"),
     (["validation.batches=2.5"], "validation.batches=2.5: allowed: an integer"),
-    (["validation.every=5"], "validation.every: unknown key; allowed: path, interval_steps, batches"),
+    (["validation.every=5"], "validation.every: unknown key; allowed: path, interval_steps, batches, at_start"),
 ])
 def test_bad_settings_are_one_line_naming_the_field(overrides, message):
     # load_config is what clusterctl submit runs offline, without torch: these fail before anything is sent
@@ -210,3 +211,19 @@ def test_the_step_record_carries_the_held_out_loss_only_where_it_was_evaluated()
     assert diverged["val_loss"] == 1000.0 and diverged["val_perplexity"] is None  # inf: strict JSON has none
     progress = err.getvalue().splitlines()
     assert "val_loss" not in progress[0] and progress[1].endswith("val_loss 2.0000 (perplexity 7.39)")
+
+
+def test_the_baseline_before_the_first_step_is_a_step_0_record_and_emf():
+    out, err = io.StringIO(), io.StringIO()
+    model = ThroughputModel(tokens_per_step=512, world_size=1, flops_per_token=1e6, peak_tflops_per_gpu=None)
+    metrics = MetricsLogger(MetricsConfig(nvml=False, emf="on"), rank=0, world_size=1, device=torch.device("cpu"),
+                            model=model, stdout=out, stderr=err)
+    record = metrics.log_validation(ValidationResult(step=0, loss=2.0, time_s=0.25), total_steps=100)
+    assert json.loads(out.getvalue()) == record == {"event": "validation", "step": 0, "val_loss": 2.0,
+                                                   "val_perplexity": pytest.approx(math.exp(2.0)), "val_time_s": 0.25}
+    progress, emf = err.getvalue().splitlines()
+    assert progress == "step 0/100 val_loss 2.0000 (perplexity 7.39), before the first step"
+    emf = json.loads(emf)
+    assert {m["Name"] for m in emf["_aws"]["CloudWatchMetrics"][0]["Metrics"]} == {
+        "Step", "RunSteps", "ValidationLoss", "ValidationPerplexity"}
+    assert (emf["Step"], emf["ValidationLoss"]) == (0.0, 2.0)

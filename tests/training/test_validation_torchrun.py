@@ -11,6 +11,7 @@ validation on (and must continue exactly as the straight run, evaluating the sam
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import subprocess
@@ -23,7 +24,7 @@ import torch
 from torchrun_support import REPO, Run, env, load_checkpoint, run_as_nodes
 
 from training.checkpoint.state import iter_leaves
-from training.shards import ShardWriter
+from training.data.shards import ShardWriter
 
 pytestmark = pytest.mark.slow
 
@@ -107,10 +108,19 @@ def held_out(run: Run) -> dict[int, float]:
     return {s["step"]: s["val_loss"] for s in run.steps if "val_loss" in s}
 
 
+def baseline(run: Run) -> list[dict]:
+    """The records of the evaluation before the first step ([validation] at_start, step 0)."""
+    return [json.loads(line) for line in run.output.splitlines()
+            if line.startswith("{") and '"event": "validation"' in line]
+
+
 def test_training_is_bit_identical_with_validation_on(runs):
     (on, _), (off, _) = runs["on"], runs["first"]
     assert sorted(off.losses) == [1, 2, 3] and held_out(off) == {}
     assert sorted(held_out(on))[0] == 2  # evaluated after step 2, so step 3 shows whether that changed training
+    # and before step 1 (the baseline of a fresh start), which changed training no more than the others did
+    ((start,),) = [baseline(on)]
+    assert start["step"] == 0 and start["val_loss"] > held_out(on)[6]
     assert {s: on.losses[s] for s in off.losses} == off.losses  # exactly equal floats
     assert {s: on.grad_norms[s] for s in off.grad_norms} == off.grad_norms
 
@@ -129,6 +139,7 @@ def test_a_resume_with_validation_on_stays_bit_exact(runs, tmp_path):
     assert {**first.losses, **second.losses} == on.losses
     assert {**first.grad_norms, **second.grad_norms} == on.grad_norms
     assert sorted(held_out(second)) == [4, 6]  # the resumed start evaluated, and trained on exactly as before
+    assert baseline(second) == []  # a resume has no baseline to take: its weights were trained already
     assert_same_state(on_dir, split_dir, tmp_path)
 
 
@@ -143,9 +154,10 @@ def test_every_interval_and_the_end_the_same_value_on_every_rank_and_for_the_sam
         logged = {}
         for rank, step, loss in EVALUATED.findall(run.output):
             logged.setdefault(int(step), {})[int(rank)] = float(loss)
-        assert {step: set(by_rank) for step, by_rank in logged.items()} == {s: {0, 1} for s in held_out(run)}
+        recorded = {**held_out(run), **{b["step"]: b["val_loss"] for b in baseline(run)}}
+        assert {step: set(by_rank) for step, by_rank in logged.items()} == {s: {0, 1} for s in recorded}
         for step, by_rank in logged.items():
-            assert by_rank[0] == by_rank[1] == held_out(run)[step], (step, by_rank)
+            assert by_rank[0] == by_rank[1] == recorded[step], (step, by_rank)
         for record in (s for s in run.steps if "val_loss" in s):
             assert record["val_perplexity"] == pytest.approx(math.exp(record["val_loss"]))
             assert record["val_time_s"] > 0

@@ -14,7 +14,8 @@ from pathlib import Path
 from training.bench.measure import run_backend
 from training.bench.report import format_number, format_table, software_versions
 from training.bench.variants import add_torchtitan_ratios, expand_variants
-from training.config_sections import BACKENDS, TE_RECIPES, TORCHAO_RECIPES
+from training.config.parallel import ParallelConfig
+from training.config.sections import BACKENDS, TE_RECIPES, TORCHAO_RECIPES
 from training.errors import ConfigError
 from training.hardware import device_name, peak_bf16_tflops_per_gpu
 from training.model import (
@@ -25,7 +26,7 @@ from training.model import (
     flops_per_token,
     set_sdpa_priority,
 )
-from training.parallelize import ParallelConfig, destroy_distributed, init_distributed
+from training.parallel.process_group import destroy_distributed, init_distributed
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,11 +13,13 @@ import torch
 
 from training.bench.torchtitan_model import build_torchtitan_model
 from training.bench.variants import BenchResult, Variant
+from training.config.parallel import ParallelConfig
 from training.errors import ConfigError
 from training.fp8 import Fp8Config, build_fp8_backend
 from training.optim import OptimConfig, build_optimizer
-from training.parallelize import DistInfo, ParallelConfig
-from training.train import _forward_backward, build_model, clip_grad_norm_
+from training.parallel.process_group import DistInfo
+from training.step import clip_grad_norm_, forward_backward
+from training.train import build_model
 
 GIB = 1024**3
 
@@ -141,7 +143,7 @@ def _measure(
     micro_batches = [(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())]
 
     def step() -> torch.Tensor:
-        loss = _forward_backward(model, fp8, micro_batches, 1, loss_chunk_tokens=loss_chunk_tokens)
+        loss = forward_backward(model, fp8, micro_batches, 1, loss_chunk_tokens=loss_chunk_tokens)
         clip_grad_norm_(model, max_grad_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -29,9 +29,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from training.config.parallel import ParallelConfig
 from training.errors import ConfigError
 from training.model import ModelConfig, count_params
-from training.parallelize import DTYPES, DistInfo, ParallelConfig, build_data_parallel_mesh
+from training.parallel.fsdp import DTYPES
+from training.parallel.parallelize import build_data_parallel_mesh
+from training.parallel.process_group import DistInfo
 
 TORCHTITAN_INSTALL = (
     "pip install torchtitan (0.3.x with PyTorch >= 2.12, 0.2.2 with PyTorch 2.10/2.11; it needs tyro, "

@@ -42,7 +42,7 @@ from training.checkpoint.layout import (
 from training.checkpoint.staging import BackgroundStager, StagingJob, staging_api_available, use_pinned_memory
 from training.checkpoint.state import build_state, load_into
 from training.checkpoint.verify import VerifyingSavePlanner, describe
-from training.config_sections import CheckpointConfig
+from training.config.sections import CheckpointConfig
 
 log = logging.getLogger("training.checkpoint")  # the package's logger (layout.py)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from training.config import TrainConfig
-from training.config_sections import SHAPE_FIELDS, ModelConfig, OptimConfig
+from training.config.sections import SHAPE_FIELDS, ModelConfig, OptimConfig
 from training.errors import ConfigError
 from training.optim import lr_at
 

@@ -6,7 +6,12 @@ One directory per rank's shard, whether this node's ranks saved it or it is the 
         .metadata, __0_0.distcp                   DCP, saved without a process group: one self-contained
                                                   checkpoint of R's own shards (its DTensors' local tensors)
         shard.json                                ours, written last: {"step", "rank", "world_size",
+                                                  "layout": {"dp_replicate", "dp_shard", "tp"},
                                                   "files": {name: sha256}, "saved_at"}
+
+A shard holds rank R's slices under the layout it was saved in (a DTensor's local tensor): the same rank
+under another layout owns other slices, so a shard serves only a resume at its own layout (``layout`` in the
+marker; a marker without one was written before layouts, by FSDP over every rank).
 
 A shard is written as ``rank-<R>.partial`` and renamed once its ``shard.json`` is in place, so a directory
 named ``rank-<R>`` always holds a whole shard; whether its bytes are still the ones written is what
@@ -34,6 +39,7 @@ SHARD_MARKER = "shard.json"
 PARTIAL_SUFFIX = ".partial"
 _RANK_DIR = re.compile(r"^rank-(\d+)$")
 _DIGEST_CHUNK = 16 << 20
+DEGREES = ("dp_replicate", "dp_shard", "tp")  # the layout's names in a marker (training.parallel.layout)
 
 
 @dataclass(frozen=True)
@@ -44,11 +50,20 @@ class ShardInfo:
     rank: int
     world_size: int
     files: dict[str, str]  # file name -> sha256 hex digest
+    # the [parallel] degrees it was saved under (training.parallel.layout.Layout.settings()); None: FSDP over
+    # world_size ranks (see layout_degrees)
+    layout: dict[str, int] | None = None
 
     def to_json(self) -> str:
         return json.dumps({"step": self.step, "rank": self.rank, "world_size": self.world_size,
-                           "files": self.files, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+                           "layout": self.layout_degrees, "files": self.files,
+                           "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
                           indent=2, sort_keys=True) + "\n"
+
+    @property
+    def layout_degrees(self) -> dict[str, int]:
+        """The degrees it was saved under; a marker of before layouts: FSDP over every rank."""
+        return self.layout or fsdp_degrees(self.world_size)
 
     @classmethod
     def from_json(cls, text: str) -> ShardInfo:
@@ -57,8 +72,16 @@ class ShardInfo:
         if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                   for k, v in files.items()):
             raise ValueError("files: not a mapping of names to digests")
+        layout = data.get("layout")
+        if layout is not None:
+            layout = {name: int(layout[name]) for name in DEGREES}
         return cls(step=int(data["step"]), rank=int(data["rank"]), world_size=int(data["world_size"]),
-                   files=dict(files))
+                   files=dict(files), layout=layout)
+
+
+def fsdp_degrees(world_size: int) -> dict[str, int]:
+    """The degrees of plain FSDP over ``world_size`` ranks (the default layout)."""
+    return {"dp_replicate": 1, "dp_shard": world_size, "tp": 1}
 
 
 @contextlib.contextmanager

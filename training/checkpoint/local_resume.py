@@ -3,8 +3,9 @@
 At a start with ``--resume auto`` every rank takes part, over the tier's gloo group:
 
 1. each rank lists the shards its node holds (``local_layout.inventory``: markers only) and the lists are
-   gathered: a step is a candidate when, at the world size of this run, every rank's shard is held by some
-   node and it is no older than the newest durable checkpoint (at a tie the local tier wins: nothing to read
+   gathered: a step is a candidate when, at the world size and layout of this run, every rank's shard is held
+   by some node and it is no older than the newest durable checkpoint (a newer step saved under another
+   layout is passed over in one line: its shards are other slices) (at a tie the local tier wins: nothing to read
    from the shared file system);
 2. for the newest candidate, the ranks of each node verify that node's copies (every file's sha256 against
    its marker, the node's shards split among its ranks) and the results are gathered: a shard counts only
@@ -63,8 +64,10 @@ def choose_local_resume(local: LocalCheckpointer, *, not_older_than: int) -> Loc
     world, per_node = local.world_size, local.local_world_size
     node = local.rank // per_node
     held = inventory(local.root)
-    mine = {step: sorted(r for r, info in shards.items() if info.world_size == world)
+    mine = {step: sorted(r for r, info in shards.items()
+                         if info.world_size == world and info.layout_degrees == local.layout)
             for step, shards in held.items()}
+    _say_other_layouts(local, held, not_older_than)
     gathered = _all_gather(local, (node, mine))
     copies: dict[int, dict[int, set[int]]] = {}
     for their_node, steps in gathered:
@@ -89,6 +92,22 @@ def choose_local_resume(local: LocalCheckpointer, *, not_older_than: int) -> Loc
             continue
         return LocalResume(step=step, path=shard_dir(local.root, step, local.rank), fetched=fetched)
     return None
+
+
+def _say_other_layouts(local: LocalCheckpointer, held: dict, not_older_than: int) -> None:
+    """One line (rank 0) for the newest step this node holds at this world size under another layout."""
+    other = [(step, info.layout_degrees) for step, shards in held.items() if step >= not_older_than
+             for info in shards.values() if info.world_size == local.world_size
+             and info.layout_degrees != local.layout]
+    if other and local.rank == 0:
+        step, degrees = max(other, key=lambda item: item[0])
+        log.warning("local checkpoint step %d: saved under parallel %s, this run is %s: not used (a shard holds "
+                    "one layout's slices; the durable tier reshards)", step, _degrees_text(degrees),
+                    _degrees_text(local.layout))
+
+
+def _degrees_text(degrees: dict[str, int]) -> str:
+    return " ".join(f"{name}={value}" for name, value in degrees.items())
 
 
 def load_local(choice: LocalResume, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:

@@ -21,8 +21,9 @@ rank. A failed local save costs only that step's local copy: it is logged and tr
 tier stays the source of truth); a failure of the group itself turns the tier off for the rest of the run.
 
 What it does not cover: a loss of two neighbouring nodes before the next step counts (the replica of one sits
-on the other; the durable tier is used then), a resume at another world size (the local tier is per rank:
-a resume with fewer or more ranks uses the durable tier), and host memory: its staging buffers are a second
+on the other; the durable tier is used then), a resume at another world size or layout (a shard is one
+rank's slices under one layout: such a resume uses the durable tier, which DCP reshards; the marker records
+the layout and the resume says why it passes the step over), and host memory: its staging buffers are a second
 copy of this rank's state in CPU memory, beside the durable tier's.
 """
 
@@ -44,6 +45,7 @@ from torch.distributed.tensor import DTensor
 from training.checkpoint.local_layout import (
     ShardInfo,
     digest_files,
+    fsdp_degrees,
     partial_dir,
     publish,
     remove_steps,
@@ -55,7 +57,7 @@ from training.checkpoint.shard_transfer import exchange
 from training.checkpoint.staging import BackgroundStager, staging_api_available, use_pinned_memory
 from training.checkpoint.state import build_state
 from training.checkpoint.verify import EntrySpec, VerifyingSavePlanner, describe
-from training.config_sections import CheckpointConfig
+from training.config.sections import CheckpointConfig
 
 log = logging.getLogger("training.checkpoint")
 
@@ -108,10 +110,12 @@ class LocalCheckpointer:
     ``save`` at the same steps). ``enabled`` is False without ``checkpoint.local_dir`` or an interval."""
 
     def __init__(self, cfg: CheckpointConfig, *, rank: int, world_size: int, local_world_size: int,
-                 device: torch.device) -> None:
+                 device: torch.device, layout: dict[str, int] | None = None) -> None:
         self.cfg = cfg
         self.rank = rank
         self.world_size = world_size
+        # the run's [parallel] degrees (Layout.settings()), recorded in every shard's marker; None: FSDP
+        self.layout = dict(layout) if layout else fsdp_degrees(world_size)
         self.local_world_size = local_world_size
         self.root = Path(cfg.local_dir) if cfg.local_tier else None
         self.counted: list[int] = []  # steps complete on every rank in this run (or the one resumed from)
@@ -258,7 +262,7 @@ class LocalCheckpointer:
         with single_process_dcp():
             dcp.save(staged, checkpoint_id=str(partial), planner=VerifyingSavePlanner(description), no_dist=True)
         write_shard_marker(partial, ShardInfo(step=step, rank=self.rank, world_size=self.world_size,
-                                              files=digest_files(partial)))
+                                              files=digest_files(partial), layout=self.layout))
         final = shard_dir(self.root, step, self.rank)
         publish(partial, final)
         return final

@@ -1,4 +1,4 @@
-"""A Hugging Face Llama ``config.json`` <-> the model's shape (training.config_sections.ModelConfig).
+"""A Hugging Face Llama ``config.json`` <-> the model's shape (training.config.sections.ModelConfig).
 
 Reading refuses, in one line naming the field, whatever training.model.Transformer would compute differently:
 another model_type or activation, biases, a rope type other than the default and "llama3", sliding windows,
@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from training.config_sections import MODEL_PRESETS, ModelConfig
+from training.config.sections import MODEL_PRESETS, ModelConfig
 from training.errors import ConfigError
 
 CONFIG_FILE = "config.json"

@@ -32,7 +32,7 @@ from safetensors.torch import save_file
 from torch.distributed.checkpoint import FileSystemReader
 
 from training.checkpoint.layout import MARKER_FILE, find_latest_complete, is_complete, step_dir
-from training.config_sections import ModelConfig
+from training.config.sections import ModelConfig
 from training.errors import ConfigError
 from training.hf.config import CONFIG_FILE, hf_config, read_hf_config
 from training.hf.files import INDEX_FILE

@@ -14,7 +14,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from training.config_sections import ModelConfig
+from training.config.sections import ModelConfig
 from training.errors import ConfigError
 from training.hf.names import expected_shapes, to_hf
 

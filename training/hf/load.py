@@ -32,12 +32,12 @@ from torch.distributed.checkpoint import HuggingFaceStorageReader
 from training.checkpoint.layout import write_atomic
 from training.checkpoint.state import model_state
 from training.config import TrainConfig
-from training.config_sections import ModelConfig
+from training.config.sections import ModelConfig
+from training.data.shards import ShardFormatError, open_shards
 from training.errors import ConfigError
 from training.hf.config import CONFIG_FILE, check_preset, model_config_from_hf, read_hf_config, same_shape
 from training.hf.files import check_hf_dir
 from training.hf.names import expected_shapes, to_hf
-from training.shards import ShardFormatError, open_shards
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def _check_data_vocab(cfg: TrainConfig, vocab_size: int, config_path: Path) -> N
         raise ConfigError(
             f"data.path={cfg.data.path!r}: token ids up to {shards.vocab_size - 1} (its tokenizer's vocab_size "
             f"{shards.vocab_size}), but {config_path} has vocab_size={vocab_size}; allowed: data prepared with "
-            "that model's own tokenizer.json (python -m training.prepare --tokenizer <init.hf_dir>/tokenizer.json)"
+            "that model's own tokenizer.json (python -m training.data.prepare --tokenizer <init.hf_dir>/tokenizer.json)"
         )
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from training.config_sections import ModelConfig
+from training.config.sections import ModelConfig
 
 # (ours, Hugging Face's); "{i}" is the block index. The one table both directions read.
 _TABLE: tuple[tuple[str, str], ...] = (

@@ -1,6 +1,6 @@
 """The ``[metrics]`` section (training/metrics.py, training/tensorboard.py; docs/observability.md).
 
-Apart from training.config_sections only to keep modules small; like it, no torch: clusterctl validates these
+Apart from training.config.sections only to keep modules small; like it, no torch: clusterctl validates these
 settings with training.config.load_config on a machine without torch.
 """
 
@@ -10,7 +10,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from training.config_sections import JOB_ID_ENV
+from training.config.sections import JOB_ID_ENV
 from training.errors import ConfigError
 
 # when to write EMF step records and TensorBoard event files

@@ -21,10 +21,7 @@ BACKENDS = ("none", "torchao", "te")
 TORCHAO_RECIPES = ("tensorwise", "rowwise")
 TE_RECIPES = ("delayed", "current")
 ROPE_SCALINGS = ("", "llama3")  # [model] rope_scaling
-# [parallel]: the dtypes FSDP2's MixedPrecisionPolicy may use (training.parallelize maps them to torch dtypes)
-DTYPE_NAMES = ("bfloat16", "float32")
-DEFAULT_INIT_TIMEOUT_S = 600  # [parallel] process-group timeout until the first step: torch's own NCCL default
-# [optim]: the learning-rate schedule after warmup (training/optim.py lr_at)
+# [optim]: the learning-rate schedule after warmup (training/config/schedule.py lr_at)
 LR_SCHEDULES = ("cosine", "wsd")
 # [checkpoint]: where an asynchronous save copies the state (training/checkpoint/staging.py)
 STAGING_MODES = ("auto", "pinned", "pageable", "inline")
@@ -143,41 +140,6 @@ class ModelConfig:
 SHAPE_FIELDS = tuple(f.name for f in fields(ModelConfig) if f.name != "preset")
 
 @dataclass
-class ParallelConfig:
-    """The ``[parallel]`` section."""
-
-    activation_checkpointing: bool = False  # recompute each block's activations in backward (less memory)
-    compile: bool = False  # torch.compile each transformer block (Inductor; slow to start on a CPU)
-    param_dtype: str = "bfloat16"  # FSDP2 MixedPrecisionPolicy: dtype params are gathered in for compute
-    reduce_dtype: str = "float32"  # FSDP2 MixedPrecisionPolicy: dtype of the gradient reduce-scatter
-    reshard_after_forward: bool = True  # free gathered block params after forward (ZeRO-3); False keeps them
-    # Process-group timeouts: a collective not done in this long aborts the rank (NCCL's watchdog tears the
-    # process down, TORCH_NCCL_ASYNC_ERROR_HANDLING=3), so a dead peer ends the job in minutes. The start-up
-    # value covers NCCL's communicator set-up, the checkpoint load and compiling, until the first step is done;
-    # then the shorter one applies (torchtitan's init/train timeouts). docs/operations.md, "When a node fails".
-    init_timeout_seconds: int = DEFAULT_INIT_TIMEOUT_S
-    train_timeout_seconds: int = 300
-    # The loss: 0 = cross-entropy on the full fp32 logits [tokens, vocab]; N > 0 = the output head fused with
-    # the cross-entropy over chunks of N tokens (training.loss), so only one chunk's logits exist at a time:
-    # less memory for a larger micro-batch at a large vocabulary. Not yet measured on a GPU (docs/benchmarks.md).
-    loss_chunk_tokens: int = 0
-
-    def validate(self) -> None:
-        for name in ("param_dtype", "reduce_dtype"):
-            value = getattr(self, name)
-            if value not in DTYPE_NAMES:
-                raise ConfigError(f"parallel.{name}={value!r}: allowed: {', '.join(DTYPE_NAMES)}")
-        for name in ("init_timeout_seconds", "train_timeout_seconds"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 86400:
-                raise ConfigError(f"parallel.{name}={value!r}: allowed: an integer number of seconds, 1..86400")
-        if not _is_int(self.loss_chunk_tokens) or self.loss_chunk_tokens < 0:
-            raise ConfigError(
-                f"parallel.loss_chunk_tokens={self.loss_chunk_tokens!r}: allowed: an integer >= 0 (0 = the loss "
-                "on the full logits, N = output head and loss fused over chunks of N tokens)"
-            )
-
-@dataclass
 class Fp8Config:
     """The ``[fp8]`` section."""
 
@@ -234,6 +196,10 @@ class DataConfig:
             raise ConfigError(
                 "data.path='': allowed: a shard directory (with index.json) when data.source='shards'"
             )
+        if self.source == "synthetic" and self.path:
+            # a path the run would never read: training on made-up tokens while the user thinks it reads theirs
+            raise ConfigError(f"data.path={self.path!r}: not read with data.source='synthetic'; allowed: "
+                              "data.source='shards' with it, or no data.path for synthetic data")
         if not _is_int(self.synthetic_branching) or not 1 <= self.synthetic_branching <= 1024:
             raise ConfigError(
                 f"data.synthetic_branching={self.synthetic_branching!r}: allowed: an integer in 1..1024"
@@ -256,6 +222,9 @@ class ValidationConfig:
     # Micro-batches (run.micro_batch_size x run.seq_len) each data-parallel rank evaluates, the same ones at
     # every evaluation: batches x micro_batch_size x ranks held-out windows in all; required (>= 1) with a path.
     batches: int = 0
+    # Evaluate once before the first step of a fresh start (not on a resume), logged as step 0: the baseline a
+    # fine-tune is compared against (an imported model's own held-out loss). false where an evaluation is costly.
+    at_start: bool = True
 
     @property
     def enabled(self) -> bool:
@@ -272,6 +241,8 @@ class ValidationConfig:
             if not self.enabled and value:
                 raise ConfigError(f"validation.path='': allowed: a held-out shard directory (with index.json) "
                                   f"when validation.{name} is set ({value!r})")
+        if not isinstance(self.at_start, bool):
+            raise ConfigError(f"validation.at_start={self.at_start!r}: allowed: true, false")
 
 @dataclass
 class OptimConfig:
@@ -324,7 +295,7 @@ class OptimConfig:
 
     def decay_window(self, total_steps: int) -> tuple[int, int]:
         """``(first step, length in steps)`` of the decay from lr to min_lr in a run of ``total_steps`` steps
-        (0-based step indices; training.optim.lr_at)."""
+        (0-based step indices; training.config.schedule.lr_at)."""
         if self.schedule == "wsd":
             length = self.decay_steps or max(1, round(self.decay_fraction * total_steps))
             return max(self.warmup_steps, total_steps - length), length

@@ -1,4 +1,4 @@
-"""Tokenizers for ``python -m training.prepare``: a byte-level one, and a local tokenizer.json.
+"""Tokenizers for ``python -m training.data.prepare``: a byte-level one, and a local tokenizer.json.
 
 The byte-level tokenizer needs nothing: token i < 256 is byte i of the UTF-8 text, and 256 is the
 end-of-document token. A tokenizer.json (Hugging Face ``tokenizers`` format, e.g. Llama 3's) is loaded from
@@ -109,7 +109,10 @@ class JsonFileTokenizer:
 
 
 def load_tokenizer(spec: str, *, eos_token: str | None = None) -> Tokenizer:
-    """``"byte"`` for the byte-level tokenizer, else the path of a local tokenizer.json."""
+    """``"byte"`` for the byte-level tokenizer, else a local tokenizer.json, or a model directory holding one
+    (a Hugging Face model directory, e.g. the Llama 3.1 8B one a fine-tune starts from)."""
+    if Path(spec).is_dir():
+        spec = str(Path(spec) / "tokenizer.json")  # a directory without one: "no such file" names the path
     if spec == "byte":
         if eos_token is not None:
             raise TokenizerError(

@@ -1,10 +1,10 @@
-"""python -m training.prepare: tokenize text, JSON lines or Parquet into a shard directory (docs/data-format.md).
+"""python -m training.data.prepare: tokenize text, JSON lines or Parquet into a shard directory (docs/data-format.md).
 
-    python -m training.prepare --input corpus/ --output /fsx/data/corpus-byte
-    python -m training.prepare --input docs.jsonl.zst --text-field body --tokenizer tokenizer.json \\
+    python -m training.data.prepare --input corpus/ --output /fsx/data/corpus-byte
+    python -m training.data.prepare --input docs.jsonl.zst --text-field body --tokenizer tokenizer.json \\
         --output /fsx/data/docs-llama3
 
-The input formats and their readers: training/prepare_inputs.py.
+The input formats and their readers: training/data/prepare_inputs.py.
 
 Shards are written to temporary names and renamed into place at the end, index.json last: a run that fails
 leaves the output directory as it was, and one killed half-way leaves it without index.json, which training
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from training.prepare_inputs import (
+from training.data.prepare_inputs import (
     SUFFIXES,
     Document,
     PrepareError,
@@ -27,8 +27,8 @@ from training.prepare_inputs import (
     find_input_files,
     read_documents,
 )
-from training.shards import ShardWriter
-from training.tokenizer import Tokenizer, TokenizerError, load_tokenizer
+from training.data.shards import ShardWriter
+from training.data.tokenizer import Tokenizer, TokenizerError, load_tokenizer
 
 TXT_SPLITS = ("file", "blank-line")
 DEFAULT_SHARD_SIZE_TOKENS = 1 << 27  # 256 MiB per shard at uint16: few files, each large enough to stream
@@ -115,7 +115,7 @@ def _encode_into(writer: ShardWriter, tokenizer: Tokenizer, docs: list[Document]
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m training.prepare",
+        prog="python -m training.data.prepare",
         description="Tokenize .txt, JSON lines (.jsonl, gzip- or zstd-compressed) or Parquet documents into token "
         "shards for training (docs/data-format.md). "
         "Each document is followed by the tokenizer's end-of-document token; documents with only whitespace "
@@ -140,8 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--tokenizer",
         default="byte",
         metavar="byte|PATH",
-        help="'byte' (UTF-8 bytes, vocab 257, end-of-document id 256) or the path of a local tokenizer.json "
-        "(needs the tokenizers package; never downloads) (default: byte)",
+        help="'byte' (UTF-8 bytes, vocab 257, end-of-document id 256), the path of a local tokenizer.json, or a "
+        "model directory holding one (e.g. the Hugging Face directory a fine-tune starts from) (needs the "
+        "tokenizers package; never downloads) (default: byte)",
     )
     parser.add_argument(
         "--eos-token",

@@ -8,6 +8,7 @@ Precedence, lowest first (torchtitan's order): dataclass defaults -> the model p
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import sys
 import types
@@ -17,21 +18,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.config_metrics import MetricsConfig
-from training.config_sections import (
+from training.config.metrics import MetricsConfig
+from training.config.parallel import ParallelConfig
+from training.config.sections import (
     MODEL_PRESETS,
     CheckpointConfig,
     DataConfig,
     Fp8Config,
     ModelConfig,
     OptimConfig,
-    ParallelConfig,
     ValidationConfig,
 )
-from training.config_weights import ExportConfig, InitConfig
+from training.config.weights import ExportConfig, InitConfig
 from training.errors import ConfigError
 
-CONFIGS_DIR = Path(__file__).parent / "configs"
+CONFIGS_DIR = Path(__file__).parent.parent / "configs"  # the packaged TOML presets (training/configs/)
 DEFAULT_CONFIG = CONFIGS_DIR / "tiny-cpu.toml"  # what `python -m training` trains with no --config
 
 
@@ -143,6 +144,12 @@ def packaged_config_names() -> list[str]:
     return sorted(p.stem for p in CONFIGS_DIR.glob("*.toml"))
 
 
+def did_you_mean(name: str) -> str:
+    """"; did you mean 1b?" with the packaged names closest to a mistyped one (difflib), "" when none is close."""
+    close = difflib.get_close_matches(name, packaged_config_names(), n=2)
+    return f"; did you mean {' or '.join(close)}?" if close else ""
+
+
 def resolve_config_path(config: str | Path | None) -> Path:
     """The TOML file for ``--config``: a path, or the name of a packaged config ("1b" -> configs/1b.toml);
     None gives the embedded default (tiny-cpu)."""
@@ -155,7 +162,8 @@ def resolve_config_path(config: str | Path | None) -> Path:
     if packaged.is_file():
         return packaged
     names = ", ".join(packaged_config_names())
-    raise ConfigError(f"--config={str(config)!r}: no such file; allowed: a TOML path or one of: {names}")
+    raise ConfigError(f"--config={str(config)!r}: no such file; allowed: a TOML path or one of: {names}"
+                      f"{did_you_mean(str(config))}")
 
 
 def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> TrainConfig:
@@ -175,6 +183,8 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Train
             key: _typed(SECTIONS[section], section, key, value) for key, value in table.items()
         }
     for section, values in parse_overrides(overrides).items():
+        if section == "data" and values.get("source") == "synthetic" and "path" not in values:
+            tables.get("data", {}).pop("path", None)  # --set data.source=synthetic: the file's shards are not read
         tables.setdefault(section, {}).update(values)
     _refuse_shape_beside_hf_init(tables)
     _fill_model_preset(tables.setdefault("model", {}))
@@ -338,5 +348,6 @@ __all__ = [
     "load_config",
     "parse_overrides",
     "packaged_config_names",
+    "did_you_mean",
     "resolve_config_path",
 ]

@@ -87,7 +87,7 @@ def open_shards(path: str | Path) -> TokenShards:
     if not index_path.is_file():
         where = "is not a directory" if not path.is_dir() else f"has no {INDEX_FILE}"
         raise ShardFormatError(
-            f"{path}: {where} (python -m training.prepare writes shard directories; one without "
+            f"{path}: {where} (python -m training.data.prepare writes shard directories; one without "
             f"{INDEX_FILE} is incomplete)"
         )
     try:

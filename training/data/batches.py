@@ -27,9 +27,9 @@ import numpy as np
 import torch
 
 from training import numa
-from training.config_sections import DataConfig
+from training.config.sections import DataConfig
+from training.data.shards import ShardFormatError, TokenShards, open_shards
 from training.errors import ConfigError
-from training.shards import ShardFormatError, TokenShards, open_shards
 
 log = logging.getLogger(__name__)
 
@@ -121,9 +121,16 @@ class ShardBatchSource:
             raise ConfigError(
                 f"data.path={str(self.shards.path)!r}: token id {int(tokens[row].max())} in the window at "
                 f"stream position {int(windows[row]) * seq_len}; allowed: ids below the index's "
-                f"vocab_size={self.shards.vocab_size} (python -m training.prepare writes only those)"
+                f"vocab_size={self.shards.vocab_size} (python -m training.data.prepare writes only those)"
             )
         return _split(tokens)
+
+    def describe(self) -> str:
+        """What the run reads, for its start-up line: the directory, its tokens and the tokenizer that made them."""
+        tok = self.shards.tokenizer
+        made_by = f"{tok.get('kind', 'unrecorded')}{' ' + tok['path'] if tok.get('path') else ''}"
+        return (f"source shards, path {str(self.shards.path)!r}, {self.shards.num_tokens:,} tokens, tokenizer "
+                f"{made_by} (vocab_size {self.shards.vocab_size}, end-of-document id {self.shards.eos_id})")
 
 
 class SyntheticBatchSource:
@@ -168,6 +175,11 @@ class SyntheticBatchSource:
         for t in range(1, length):  # the walk is sequential; one gather per position for the whole batch
             tokens[t] = self.successors[tokens[t - 1], choices[t]]
         return _split(tokens.T)
+
+    def describe(self) -> str:
+        """The start-up line's words: no files are read, whatever data.path a reader may expect."""
+        return (f"source synthetic (no files: a Markov chain over {self.vocab_size} token ids, "
+                f"{self.successors.shape[1]} successors each), no path, no tokenizer")
 
 
 def _distinct_successors(rng: np.random.Generator, vocab_size: int, branching: int) -> np.ndarray:

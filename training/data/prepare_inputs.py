@@ -1,4 +1,4 @@
-"""The input files of ``python -m training.prepare``: which files it reads, and the documents in each.
+"""The input files of ``python -m training.data.prepare``: which files it reads, and the documents in each.
 
 Formats, by how the file's name ends (docs/data-format.md, "Input formats"):
 

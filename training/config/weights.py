@@ -1,6 +1,6 @@
 """The sections of Hugging Face weights in and out: ``[init]`` and ``[export]`` (docs/weights.md).
 
-Apart from training.config_sections only to keep modules small; like it, no torch: clusterctl validates these
+Apart from training.config.sections only to keep modules small; like it, no torch: clusterctl validates these
 settings with training.config.load_config on a machine without torch.
 """
 

@@ -1,5 +1,4 @@
-"""Process groups, and the parallelism applied to the model in torchtitan's order: activation checkpointing
--> per-block torch.compile -> FSDP2 ``fully_shard`` per transformer block, then the root.
+"""The process groups: join (or create) the default group, set its timeouts, leave it, and free what holds it.
 
 Under torchrun every rank reads RANK / LOCAL_RANK / WORLD_SIZE (and MASTER_ADDR / MASTER_PORT) from the
 environment. Run as a plain process, the same code path gets a one-rank process group on a free local port,
@@ -14,20 +13,16 @@ import logging
 import os
 import socket
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.device_mesh import DeviceMesh
 
-from training.config_sections import DEFAULT_INIT_TIMEOUT_S, DTYPE_NAMES, ParallelConfig
+from training.config.parallel import DEFAULT_INIT_TIMEOUT_S
 from training.errors import ConfigError
+from training.parallel.layout import Layout
 
-DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}  # parallel.*_dtype names -> torch dtypes
 TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 
 log = logging.getLogger(__name__)
@@ -44,6 +39,17 @@ class DistInfo:
     # processes per node (torchrun's LOCAL_WORLD_SIZE): torchrun numbers ranks node by node, so this rank's
     # node is rank // local_world_size (the local checkpoint tier places replicas on the next node by it)
     local_world_size: int = 1
+    layout: Layout | None = None  # the job's degrees (train() resolves them); None: FSDP over every rank
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel ranks: the ranks that read different samples (world / tp)."""
+        return self.layout.dp_size if self.layout else self.world_size
+
+    @property
+    def dp_rank(self) -> int:
+        """This rank's data-parallel rank: the ranks of one tp group share it, and read the same samples."""
+        return self.layout.dp_rank(self.rank) if self.layout else self.rank
 
     @property
     def node(self) -> int:
@@ -83,6 +89,18 @@ def init_distributed(timeout_s: float = DEFAULT_INIT_TIMEOUT_S) -> DistInfo:
         local_world_size = 1  # not torchrun's homogeneous layout: every rank its own node
     return DistInfo(rank=rank, local_rank=local_rank, world_size=world_size, device=device,
                     local_world_size=local_world_size)
+
+
+def launch_sizes() -> tuple[int, int]:
+    """(world size, ranks per node) as torchrun set them, read before any process group exists (a plain
+    process: one rank on one node), so a layout that cannot run is refused before the rendezvous."""
+    if not all(name in os.environ for name in TORCHRUN_ENV):
+        return 1, 1
+    world_size = _env_int("WORLD_SIZE")
+    local_world_size = _env_int("LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in os.environ else 1
+    if local_world_size < 1 or world_size % local_world_size:
+        local_world_size = 1  # not torchrun's homogeneous layout: as init_distributed reads it
+    return world_size, local_world_size
 
 
 def set_process_group_timeout(timeout_s: float, info: DistInfo) -> None:
@@ -133,60 +151,6 @@ def release_process_groups(*, destroy: bool) -> None:
             registry.clear()
     del meshes
     gc.collect()  # the model's cycles, and with them the last references to the groups
-
-
-def build_data_parallel_mesh(info: DistInfo) -> DeviceMesh:
-    """A 1-D mesh over every rank (FSDP2's data-parallel shard dimension, named "dp")."""
-    return init_device_mesh(info.device.type, (info.world_size,), mesh_dim_names=("dp",))
-
-
-def apply_parallelism(model: nn.Module, cfg: ParallelConfig, mesh: DeviceMesh, *,
-                      checkpoint_fn: Callable[..., Any] | None = None) -> None:
-    """Wrap ``model`` (a training.model.Transformer, typically still on the meta device and already FP8
-    converted) in place: 1) activation checkpointing (with ``checkpoint_fn``, the FP8 backend's, when it has
-    one), 2) torch.compile, per block, 3) FSDP2 per block, then the root. Parameter FQNs are unchanged except
-    for checkpoint_wrapper's ``_checkpoint_wrapped_module.`` (which torch.distributed.checkpoint.state_dict
-    removes)."""
-    blocks = model.layers
-    for i, block in enumerate(blocks):
-        if cfg.activation_checkpointing:
-            block = apply_activation_checkpointing(block, checkpoint_fn=checkpoint_fn)
-        if cfg.compile:
-            # Module.compile compiles in place, so FQNs get no "_orig_mod." and FSDP2's hooks stay outside
-            # the compiled region (torchtitan's per-block compile); one graph per block is reused by all.
-            block.compile(fullgraph=True)
-        blocks[i] = block
-    apply_fsdp(model, cfg, mesh)
-
-
-def apply_activation_checkpointing(block: nn.Module, *,
-                                   checkpoint_fn: Callable[..., Any] | None = None) -> nn.Module:
-    """The block wrapped so its forward is recomputed in backward: by ``checkpoint_fn(block, *args)`` when
-    given (Transformer Engine's checkpoint, which recomputes under TE's FP8 recipe), else by non-reentrant
-    torch.utils.checkpoint. Either way checkpoint_wrapper keeps the parameter FQNs the same.
-
-    preserve_rng_state=False: the model has no dropout, so there is no RNG state to replay (torchtitan's
-    setting; saving and restoring RNG state per block costs time)."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-
-    if checkpoint_fn is not None:
-        return checkpoint_wrapper(block, checkpoint_fn=checkpoint_fn)
-    return checkpoint_wrapper(block, preserve_rng_state=False)
-
-
-def apply_fsdp(model: nn.Module, cfg: ParallelConfig, mesh: DeviceMesh) -> None:
-    """FSDP2 per transformer block, then the root (embeddings, final norm, output head), with params
-    gathered in ``param_dtype`` and gradients reduced in ``reduce_dtype``."""
-    mp_policy = MixedPrecisionPolicy(
-        param_dtype=DTYPES[cfg.param_dtype], reduce_dtype=DTYPES[cfg.reduce_dtype]
-    )
-    blocks = list(model.layers)
-    for i, block in enumerate(blocks):
-        # The last block is not resharded after forward: backward starts with it, so FSDP would gather it
-        # again at once (torchtitan's parallelize_llama does the same).
-        reshard = cfg.reshard_after_forward and i < len(blocks) - 1
-        fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard)
-    fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=cfg.reshard_after_forward)
 
 
 def _env_int(name: str) -> int:
