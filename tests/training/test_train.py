@@ -164,9 +164,10 @@ def test_the_default_config_trains_on_byte_shards_from_prepare(tmp_path):
                                str(shards)], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert prepared.returncode == 0, prepared.stderr
     proc = run_cli("--set", "data.source=shards", "--set", f"data.path={shards}", "--set", "run.steps=10",
-                   "--set", "run.log_interval_steps=10")
+                   "--set", "run.log_interval_steps=10", "--set", f"checkpoint.dir={tmp_path / 'ckpt'}",
+                   "--set", "export.hf_dir=hf")
     assert proc.returncode == 0, proc.stderr  # the tiny preset's vocabulary (320) holds the byte ids (257)
-    resume, *records = [json.loads(line) for line in proc.stdout.splitlines()]
+    resume, *records = [json.loads(line) for line in proc.stdout.splitlines() if '"event": "export"' not in line]
     resume.pop("phases")  # their times: test_the_embedded_default_trains_as_one_process_without_torchrun
     assert resume == {"event": "resume", "step": 0, "path": None}
     assert [(r["event"], r["step"]) for r in records] == [("step", 1), ("step", 10)]
@@ -175,6 +176,17 @@ def test_the_default_config_trains_on_byte_shards_from_prepare(tmp_path):
     assert _logged(proc.stderr, "data: ") == [
         f"source shards, path {str(shards)!r}, {index['num_tokens']:,} tokens, tokenizer byte (vocab_size 257, "
         "end-of-document id 256)"]
+    # issue 44: the export of a run from random weights carries the tokenizer its data was prepared with, in the
+    # form transformers loads: the same ids as the byte tokenizer, and 256 as the end of a document
+    from transformers import AutoTokenizer
+
+    from training.data.tokenizer import ByteTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tmp_path / "ckpt" / "hf"))
+    text = "the quick brown fox, déjà vu — 日本\n"
+    assert tokenizer(text, add_special_tokens=False)["input_ids"] == ByteTokenizer().encode_batch([text])[0]
+    assert (tokenizer.eos_token, tokenizer.eos_token_id, len(tokenizer)) == ("<|end_of_text|>", 256, 257)
+    assert tokenizer.decode(ByteTokenizer().encode_batch([text])[0]) == text
 
 
 def test_train_leaves_no_model_for_interpreter_shutdown_to_collect():

@@ -5,7 +5,9 @@ What is written into the output directory:
     model-00001-of-0000N.safetensors ...   bf16 weights under Hugging Face's names, at most max_shard_bytes each
     model.safetensors.index.json           which file holds which tensor (written last)
     config.json, generation_config.json    the init directory's, with the shape and dtype set; else made here
-    tokenizer.json, tokenizer_config.json, special_tokens_map.json, ...   copied from the init directory
+    tokenizer.json, tokenizer_config.json, special_tokens_map.json, ...   copied from the init directory; for a
+                                           run without one, the tokenizer its data was prepared with
+                                           (training.hf.tokenizer_files)
 
 The checkpoint is never loaded whole: DCP's metadata says every tensor's shape, and the weights are read one
 group at a time (at most CHUNK_BYTES of fp32) with dcp.load on a partial state dict, converted to bf16 and
@@ -38,6 +40,7 @@ from training.hf.config import CONFIG_FILE, hf_config, read_hf_config
 from training.hf.files import INDEX_FILE
 from training.hf.load import INIT_COPY_DIR, SIDE_FILES
 from training.hf.names import expected_shapes, to_hf
+from training.hf.tokenizer_files import write_run_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -116,13 +119,19 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, step: int 
         del tensors
     init_dir = _init_files_dir(source, config)
     _write_side_files(out, model_cfg, init_dir)
+    tokenizer_note = ""
+    if init_dir is None:
+        seq_len = config.get("run", {}).get("seq_len")
+        written = write_run_tokenizer(out, config.get("data", {}),
+                                      max_length=seq_len if isinstance(seq_len, int) else None)
+        tokenizer_note = f"; tokenizer: {written}"
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
     result = ExportResult(step=int(marker["step"]), out_dir=out, files=len(groups), bytes_written=total,
                           seconds=time.monotonic() - started)
     log.info("exported step %d of %s to %s: %d file(s), %.2f GB of bf16 weights, %.1fs%s", result.step, source,
              out, result.files, total / 1e9, result.seconds,
-             f"; config and tokenizer from {init_dir}" if init_dir else "")
+             f"; config and tokenizer from {init_dir}" if init_dir else tokenizer_note)
     return result
 
 
