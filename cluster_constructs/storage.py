@@ -201,11 +201,17 @@ class ClusterStorage(Construct):
 
     def _deployment_role_arn(self) -> str:
         """The role CloudFormation deploys this stack with: the CDK bootstrap's execution role (default
-        synthesizer; its ARN carries ${AWS::Partition}, so it goes through Fn::Sub)."""
+        synthesizer; its ARN carries ${AWS::Partition}, so it goes through Fn::Sub). app.py uses only the default
+        synthesizer; another one names no execution role (CliCredentialsStackSynthesizer deploys as the caller),
+        so the policy could not tell the deployment from anyone else: it is refused at synth."""
         synthesizer = Stack.of(self).synthesizer
         if not isinstance(synthesizer, DefaultStackSynthesizer):
-            raise ValueError(f"checkpoint bucket policy: synthesizer {type(synthesizer).__name__}: allowed: "
-                             "DefaultStackSynthesizer (its execution role is the one that may reconfigure the bucket)")
+            raise ValueError(
+                f"checkpoint bucket policy: synthesizer {type(synthesizer).__name__}: allowed: DefaultStackSynthesizer "
+                "(app.py's; its qualifier and roles may be changed through its arguments), whose CloudFormation "
+                "execution role is the one deployment exempt from the bucket's deny on lifecycle, versioning, "
+                "replication and policy changes. With another synthesizer, bring the checkpoint bucket: "
+                "-c checkpointBucketName=<bucket> (the stack sets no policy on it; docs/security.md)")
         return Fn.sub(synthesizer.cloud_formation_execution_role_arn)
 
     def _bucket(self, construct_id: str, existing_name: str | None, *, noncurrent_version_days: int) -> s3.IBucket:

@@ -25,9 +25,10 @@ from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 
 from cluster_aws.errors import ClusterctlError
 from cluster_jobs import record_schema
+from node_bootstrap.job_contract import TABLE_ACTIVE_STATES
 
 LOCK_KEY = "cluster#active-job"  # never a job id (node_bootstrap.jobs.JOB_ID_RE)
-ACTIVE_STATES = ("starting", "running", "restarting")
+ACTIVE_STATES = TABLE_ACTIVE_STATES  # the nodes check a start against the same states
 FINAL_STATES = ("succeeded", "failed", "cancelled")
 STATES = ACTIVE_STATES + FINAL_STATES
 MAX_CONFIG_TEXT_BYTES = 64 * 1024  # a DynamoDB item holds 400 KB; a training TOML is a few KB

@@ -25,8 +25,9 @@ CLUSTER-IMDS-BLOCK, and the filter table's OUTPUT chain jumps to it first.
 - Verified: the check `imds-block` runs metadata_probe.py as the job user and passes only when the block
   answers: the IPv4 address refused (the REJECT), the IPv6 one refused or without a route; a connection, a
   missing route to the IPv4 address or a timeout fails it. The step runs it after it acts, the health gate
-  (health.py) at boot, and the health monitor every round, with `imds-block-service` (the unit did not fail at
-  this boot): a node whose job user reaches IMDS, or whose block is gone, is not ready, or becomes unhealthy.
+  (health.py) at boot, the health monitor every round, with `imds-block-service` (the unit did not fail at
+  this boot), and every job `start` (jobs/metadata_gate.py): a node whose job user reaches IMDS, or whose block
+  is gone, is not ready, or becomes unhealthy, and starts no job.
 
 Runs after `jobuser`, which creates the user (the rule names its uid), and before `training`.
 """

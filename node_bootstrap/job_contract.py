@@ -22,12 +22,29 @@ EXIT_NOT_FOUND = 3  # no such job on this node
 # A job's state on a node (status.json "state"). hung: the supervisor stopped a job whose trainer logged no
 # step for the hang timeout (node_bootstrap/jobs/progress.py).
 STATES = ("running", "succeeded", "failed", "cancelled", "hung")
+# A job's states in the job table (cluster_jobs/table.py) in which it may run an attempt: clusterctl and the
+# keeper hold the cluster's lock in them, and a node starts only a job the table holds in one of them
+# (node_bootstrap/jobs/job_table.py).
+TABLE_ACTIVE_STATES = ("starting", "running", "restarting")
 # The trainer's resume line with torch.compile (training/metrics.py log_resume, training/compile_cache.py): the
 # node's Inductor directory held the job's compile-cache snapshot before the first compile, or there was none.
 COMPILE_CACHE_STATES = ("snapshot", "cold")
 # What every rank of the trainer logs when it stopped at a stop request, its own SIGTERM's or another rank's,
 # after the checkpoint was saved (training/__main__.py).
 TRAINER_STOPPED_LINE = "stopped by SIGTERM after step"
+# The trainer's phase records (training/phases.py), one JSON line each from local rank 0 of every node when a
+# phase longer than a step starts and ends: {"event": "phase", "phase": NAME, "state": "start", "bound_s": S}
+# and {"event": "phase", "phase": NAME, "state": "end"}; bound_s (optional, seconds) is the phase's own bound
+# where the trainer knows one. The supervisor's hang watch holds a phase to that bound and the steps between
+# phases to their cadence (node_bootstrap/jobs/progress.py); job_report.py checks every record.
+PHASE_EVENT = "phase"
+PHASE_NAMES = ("compile", "checkpoint_load", "checkpoint_save", "validation", "export", "data_wait")
+PHASE_STATES = ("start", "end")
+MAX_PHASE_BOUND_SECONDS = 86400
+# The trainer's beat (training/phases.py): {"event": "beat", "step": N}, one JSON line from local rank 0 of every
+# node after every step that printed no step line (those come every run.log_interval_steps steps), so the hang
+# watch learns the cadence of single steps, not of ten; `status` reads the step and loss from the step lines only.
+BEAT_EVENT = "beat"
 # A job's files in <jobsDir>/<job id>/ on a node.
 STATUS_FILE = "status.json"
 # Written next to the status by whoever stops a job for a reason of its own (the node health monitor, before

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import boto3
 from botocore.stub import ANY
+from node_fake_firewall import install_system_python
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN_NODE_CONFIG = REPO / "tests" / "cluster_constructs" / "golden" / "node-config.json"
@@ -70,6 +71,7 @@ class FakeNode:
         python.parent.mkdir(parents=True)
         python.write_text(STAND_IN.format(python=sys.executable))
         python.chmod(0o755)
+        install_system_python(root)  # the probe at start: the firewall holds the metadata block
 
     def run(self, *args):
         result = self.invoke(*args)

@@ -35,6 +35,7 @@ from typing import Any
 
 import boto3
 from inductor_isa import VEC_ISA_OK_ENV
+from node_jobs_support import install_system_python, write_user_database
 
 from cluster_constructs.jobs import PARAMETERS, build_job_script
 from node_bootstrap import jobs as node_jobs
@@ -289,10 +290,8 @@ class LocalCluster:
         trainer_python.write_text(TRAINER_PYTHON.format(python=sys.executable))
         trainer_python.chmod(0o755)
         (root / FSX_MOUNT.lstrip("/")).symlink_to(self.fsx)  # FSx for Lustre: one file system every node mounts
-        uid, gid = os.getuid(), os.getgid()
-        (root / "etc/passwd").write_text(
-            f"root:x:0:0:root:/root:/bin/bash\ncluster-job:x:{uid}:{gid}:jobs:/var/lib/cluster-job:/sbin/nologin\n")
-        (root / "etc/group").write_text(f"root:x:0:\ncluster-job:x:{gid}:\n")
+        write_user_database(root)  # the job user is whoever runs the drill
+        install_system_python(root)  # the probe at start: the firewall holds the metadata block
         shim_dir = root / "shim"
         shim_dir.mkdir()
         shim = shim_dir / "python3"

@@ -5,15 +5,37 @@ test_imds_block.py pins), `*-restore --noflush` applies the subset of the restor
 (declare a chain, which empties it; -A, -I N, -D), and node_bootstrap/metadata_probe.py's answer follows the
 rules: the uid's packets to an address walk OUTPUT in order, into jumped-to chains, until ACCEPT, REJECT or
 DROP; no verdict is the ACCEPT policy, and then the metadata service answers.
+
+A node's `start` run for real (its own process, no FakeRunner) runs the probe with the root's /usr/bin/python3
+(node_bootstrap/jobs/metadata_gate.py): `install_system_python(root)` puts a stand-in there that answers the
+probe from a firewall saved in the root (`save(root)`), or, with none saved, from the rules step imdsblock
+leaves for the uid the probe runs as (`holding_the_block`).
 """
 
 from __future__ import annotations
 
 import json
 import shlex
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from node_bootstrap.imds_block import FAMILIES, render_restore
 
 TOOLS = ("iptables", "ip6tables")
+SAVED = "fake-firewall.json"  # in a fake root: the firewall the stand-in system python answers from
+REPO = Path(__file__).resolve().parents[1]
+
+# The root's /usr/bin/python3: the probe is answered by the fake firewall; any other call runs the real one.
+SYSTEM_PYTHON_STAND_IN = """\
+#!{python}
+import os, sys
+if len(sys.argv) > 2 and sys.argv[2].endswith("metadata_probe.py"):
+    sys.path[:0] = [{tests!r}, {repo!r}]
+    from node_fake_firewall import answer_probe
+    sys.exit(answer_probe({root!r}, sys.argv))
+os.execv({python!r}, [{python!r}] + sys.argv[1:])
+"""
 
 
 @dataclass
@@ -96,3 +118,35 @@ class FakeFirewall:
                      "DROP": "TimeoutError: timed out"}[verdict]
             results.append({"target": target, "connected": error is None, "error": error})
         return 0, json.dumps({"uid": uid, "targets": results}) + "\n"
+
+    def save(self, root) -> None:
+        """This firewall as the one a fake root's stand-in system python answers the probe from."""
+        (Path(root) / SAVED).write_text(json.dumps(self.chains))
+
+
+def holding_the_block(uid: int) -> FakeFirewall:
+    """A firewall as step imdsblock leaves it for the job user `uid` (its own restore text, applied)."""
+    firewall = FakeFirewall()
+    for family in FAMILIES:
+        firewall.restore(family.tool, [family.tool + "-restore", "-w", "--noflush"], render_restore(family, str(uid)))
+    return firewall
+
+
+def answer_probe(root, argv) -> int:
+    """The stand-in's answer to `python3 -I .../metadata_probe.py --uid U ...`: from the root's saved firewall,
+    else from one that holds the block for uid U."""
+    saved = Path(root) / SAVED
+    uid = int(argv[argv.index("--uid") + 1])
+    firewall = FakeFirewall(chains=json.loads(saved.read_text())) if saved.exists() else holding_the_block(uid)
+    code, out = firewall.probe(argv)
+    sys.stdout.write(out)
+    return code
+
+
+def install_system_python(root) -> None:
+    """The stand-in for the fake root's /usr/bin/python3 (SYSTEM_PYTHON_STAND_IN)."""
+    path = Path(root) / "usr/bin/python3"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(SYSTEM_PYTHON_STAND_IN.format(python=sys.executable, tests=str(Path(__file__).parent),
+                                                  repo=str(REPO), root=str(root)))
+    path.chmod(0o755)

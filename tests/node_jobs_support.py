@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from node_fake_firewall import install_system_python
+
 from node_bootstrap import jobs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -116,6 +118,7 @@ class Node:
         python.write_text(FAKE_PYTHON.format(python=sys.executable))
         python.chmod(0o755)
         write_user_database(root)
+        install_system_python(root)  # the probe at start: the firewall holds the metadata block
         self.settings = jobs.load_settings(str(root))
 
     def write_env(self, mode: str, exit_code: int = 0, resume_step: int = 0) -> None:

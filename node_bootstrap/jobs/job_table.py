@@ -17,12 +17,10 @@ import json
 import subprocess
 from typing import Optional
 
+from node_bootstrap.job_contract import TABLE_ACTIVE_STATES
 from node_bootstrap.jobs.errors import JobError
 from node_bootstrap.jobs.settings import JobSettings
 
-# The job table's states in which a job may run an attempt (cluster_jobs/table.py ACTIVE_STATES; the node
-# cannot import cluster_jobs, which is the cluster's side).
-ACTIVE_STATES = ("starting", "running", "restarting")
 AWS_TIMEOUT_S = 60.0
 
 
@@ -75,9 +73,9 @@ def check_start_allowed(settings: JobSettings, job_id: str, attempt: int) -> Non
         raise JobError(f"job {job_id} is not in the job table {table}: a node starts only a job the table holds; "
                        "refused (submit it with clusterctl)")
     state, current = current_attempt(item)
-    if state not in ACTIVE_STATES:
+    if state not in TABLE_ACTIVE_STATES:
         raise JobError(f"job {job_id} is {state or 'in no state'} in the job table {table}: only a job in one of "
-                       f"{', '.join(ACTIVE_STATES)} starts; refused, and its checkpoint directory stays sealed")
+                       f"{', '.join(TABLE_ACTIVE_STATES)} starts; refused, and its checkpoint directory stays sealed")
     if attempt != current:
         raise JobError(f"attempt={attempt}: the job table {table} holds attempt {current} as job {job_id}'s "
                        "current one, and a node starts only that one; refused")

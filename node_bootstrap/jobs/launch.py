@@ -1,7 +1,7 @@
-"""`start`: write the job's spec file, then launch its supervisor detached and wait until it runs. Only the
-attempt the job table holds as the job's current one, of an active job, starts (job_table.py); one start at a
-time per node (start_lock); on a node that already ran the job, only a later attempt of a job that ended there
-starts (attempts.py).
+"""`start`: write the job's spec file, then launch its supervisor detached and wait until it runs. Only on a
+node whose metadata block holds (metadata_gate.py), and only the attempt the job table holds as the job's
+current one, of an active job, starts (job_table.py); one start at a time per node (start_lock); on a node that
+already ran the job, only a later attempt of a job that ended there starts (attempts.py).
 
 Launchers: `systemd` (systemd-run; the default wherever systemd is PID 1) and `direct` (double fork and
 setsid; for containers and tests, where systemd is not running). Both run the same supervisor.
@@ -27,6 +27,7 @@ from node_bootstrap.jobs.errors import JobError
 from node_bootstrap.jobs.job_paths import prepare_job_paths
 from node_bootstrap.jobs.job_table import check_start_allowed
 from node_bootstrap.jobs.logs import maybe_ship_job_log
+from node_bootstrap.jobs.metadata_gate import check_metadata_block
 from node_bootstrap.jobs.settings import JobSettings, under_root
 from node_bootstrap.jobs.spec import (
     STOP_GRACE_SECONDS,
@@ -148,7 +149,9 @@ def start_lock(jobs_dir: str, wait_seconds: float = START_LOCK_WAIT_SECONDS) -> 
 def start_job(settings: JobSettings, spec: JobSpec, node_config: str, launcher: str = "auto",
               wait_seconds: float = START_WAIT_SECONDS) -> dict[str, object]:
     spec.validate()
-    # Before any path is touched: only the job and attempt the job table holds as current start (job_table.py).
+    # Before any path is touched: the job user is kept from the instance metadata service (metadata_gate.py),
+    # and only the job and attempt the job table holds as current start (job_table.py).
+    check_metadata_block(settings, spec.job_id)
     check_start_allowed(settings, spec.job_id, spec.attempt)
     with start_lock(settings.jobs_dir):
         return _start_locked(settings, spec, node_config, launcher, wait_seconds)

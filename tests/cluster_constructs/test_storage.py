@@ -8,8 +8,8 @@ from cdk_support import bare_stack, build_settings, resources_of
 from cluster_constructs.storage import ClusterStorage
 
 
-def _storage(**overrides):
-    stack = bare_stack()
+def _storage(stack=None, **overrides):
+    stack = stack or bare_stack()
     vpc = ec2.Vpc(
         stack,
         "Vpc",
@@ -210,6 +210,26 @@ def test_only_the_deployment_and_the_admin_role_reconfigure_the_checkpoint_bucke
                              "cdk-hnb659fds-cfn-exec-role-${AWS::AccountId}-us-east-1"}  # the stack's region
     principals = deny["Condition"]["ArnNotLike"]["aws:PrincipalArn"]
     assert principals == [deployment, *([admin_role] if admin_role else [])]
+
+
+def test_a_synthesizer_without_an_execution_role_is_refused_with_what_to_do():
+    import aws_cdk as cdk
+    from cdk_support import feature_flags
+
+    def stack():
+        return cdk.Stack(cdk.App(context=feature_flags()), "Test", env=cdk.Environment(region="us-east-1"),
+                         synthesizer=cdk.CliCredentialsStackSynthesizer())
+
+    with pytest.raises(ValueError) as refused:
+        _storage(stack())
+    assert str(refused.value) == (
+        "checkpoint bucket policy: synthesizer CliCredentialsStackSynthesizer: allowed: DefaultStackSynthesizer "
+        "(app.py's; its qualifier and roles may be changed through its arguments), whose CloudFormation execution "
+        "role is the one deployment exempt from the bucket's deny on lifecycle, versioning, replication and policy "
+        "changes. With another synthesizer, bring the checkpoint bucket: -c checkpointBucketName=<bucket> (the "
+        "stack sets no policy on it; docs/security.md)")
+    _, template = _storage(stack(), checkpointBucketName="team-ckpt")  # what it says to do synthesizes
+    assert "OnlyTheDeploymentAndTheAdminRoleReconfigure" not in str(template.to_json())
 
 
 def test_the_data_bucket_stays_writable_for_publishing_data(created):

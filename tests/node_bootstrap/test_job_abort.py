@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from node_fake_firewall import install_system_python
 from node_jobs_support import pid_alive, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,6 +65,7 @@ def make_node(tmp_path: Path) -> tuple[Path, Path]:
     python.parent.mkdir(parents=True)
     python.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
     python.chmod(0o755)
+    install_system_python(root)  # the probe at start: the firewall holds the metadata block
     return root, pid_file
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from node_fake_firewall import install_system_python
 from node_jobs_support import wait_until
 
 from node_bootstrap.job_contract import ABORT_STOP_SECONDS
@@ -135,6 +136,7 @@ class Node:
         python.write_text(TRAINER.format(python=sys.executable, slow_start_s=HANG_S + 1))
         python.chmod(0o755)
         write_user_database(root)
+        install_system_python(root)  # the probe at start: the firewall holds the metadata block
 
     def cli(self, *args):
         return subprocess.run([sys.executable, "-m", "node_bootstrap.jobs", "--root", str(self.root), *args],

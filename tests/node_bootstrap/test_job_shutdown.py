@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from node_fake_firewall import install_system_python
 
 from node_bootstrap import jobs
 
@@ -82,6 +83,7 @@ def test_a_sigterm_save_slower_than_torchruns_default_is_not_killed(tmp_path):
     python.parent.mkdir(parents=True)
     python.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
     python.chmod(0o755)
+    install_system_python(root)  # the probe at start: the firewall holds the metadata block
     env = {**os.environ, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(DEFAULT_EQUIVALENT_SECONDS)}
 
     def cli(*args):

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from node_fake_firewall import install_system_python
 from node_jobs_support import GOLDEN_NODE_CONFIG, REPO, wait_until, write_user_database
 
 from node_bootstrap import jobs
@@ -137,6 +138,7 @@ def test_the_job_runs_as_the_unprivileged_job_user(tmp_path):
         python.write_text(WHOAMI_PYTHON)
         python.chmod(0o755)
         write_user_database(root, uid=65534, gid=65534)  # cluster-job is nobody, and in the video group (44)
+        install_system_python(root)  # the probe at start: the firewall holds the metadata block
 
         result = subprocess.run(
             [sys.executable, "-m", "node_bootstrap.jobs", "--root", str(root), "start", "--job-id", "j-drop-1",

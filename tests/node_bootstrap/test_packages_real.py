@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from local_cluster import free_port_block
+from node_fake_firewall import install_system_python
 from node_fakes import node_config_dict
 from node_jobs_support import write_user_database
 
@@ -63,6 +64,7 @@ def node(tmp_path, site_without_torchao):
     (root / "etc/cluster").mkdir(parents=True)
     (root / "etc/cluster/node-config.json").write_text(json.dumps(data))
     write_user_database(root)
+    install_system_python(root)  # the probe at start: the firewall holds the metadata block
     return root, parse_node_config(data)
 
 

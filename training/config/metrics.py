@@ -28,9 +28,12 @@ class MetricsConfig:
     # Refused when true: publishing with PutMetricData from the job needed the node role's credentials, and
     # jobs no longer get them (docs/security.md). The EMF lines below reach CloudWatch through the agent.
     cloudwatch: bool = False
-    cloudwatch_namespace: str = "TrainingCluster"  # CloudWatch metric namespace of the EMF lines
+    # The namespace written into the EMF lines. No effect on the cluster: the job supervisor publishes the
+    # trainer's metrics under the node config's metrics.namespace, whatever the line says
+    # (node_bootstrap/jobs/job_metrics.py); it counts only where the lines reach CloudWatch as printed.
+    cloudwatch_namespace: str = "TrainingCluster"
     # "auto": a CloudWatch EMF line per logged step on rank 0's stderr when running as a cluster job
-    # (CLUSTER_JOB_ID set by the job supervisor); "on" / "off" force it. Namespace: cloudwatch_namespace.
+    # (CLUSTER_JOB_ID set by the job supervisor); "on" / "off" force it.
     emf: str = "auto"
     # TensorBoard event files in <checkpoint.dir>/tensorboard/ from rank 0 (training/tensorboard.py): "auto" in a
     # cluster job with a checkpoint.dir; "on" (needs checkpoint.dir) / "off" force it
