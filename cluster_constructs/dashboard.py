@@ -72,6 +72,7 @@ class ClusterDashboard(Construct):
             self._validation(),
         )
         self.dashboard.add_widgets(self._step_time_spread(), self._stragglers())
+        self.dashboard.add_widgets(self._goodput(), self._goodput_note())
         self.dashboard.add_widgets(
             self._fsx_throughput(file_system_id), self._fsx_free(file_system_id), self._cost()
         )
@@ -139,6 +140,23 @@ class ClusterDashboard(Construct):
                                       right=[perplexity], width=6, height=6,
                                       left_y_axis=cloudwatch.YAxisProps(show_units=False),
                                       right_y_axis=cloudwatch.YAxisProps(min=1, show_units=False))
+
+    def _goodput(self) -> cloudwatch.GraphWidget:
+        series = self._search(cm.TRAINING_NAMESPACE, (cm.CLUSTER, cm.JOB), cm.GOODPUT,
+                              {cm.CLUSTER: self.cluster_name}, "Average", JOB_LABEL)
+        return cloudwatch.GraphWidget(title="Goodput (% of the trainer process's time in counted steps)",
+                                      left=[series], width=12, height=6,
+                                      left_y_axis=cloudwatch.YAxisProps(min=0, max=100, show_units=False))
+
+    def _goodput_note(self) -> cloudwatch.TextWidget:
+        # the graph is what a trainer process knows; the job's whole time (waits for nodes, restarts, steps
+        # re-run after a restore) is in its record, which clusterctl reads (docs/operations.md, "Goodput")
+        return cloudwatch.TextWidget(width=12, height=6, markdown=(
+            "## Goodput\nThe graph: each attempt's trainer, its step seconds over its process's wall time "
+            "(start-up, checkpoint load, compile and validation are the rest); it starts low and climbs "
+            "after each restart. The whole job since its submit, with the waits for nodes, the restarts and "
+            "the steps re-run after a restore, split by cause: `clusterctl status JOB` (`--json`: every "
+            "category in seconds). docs/operations.md, \"Goodput\"."))
 
     def _efa_throughput(self) -> cloudwatch.GraphWidget:
         # per-interval byte deltas: Sum over the period x 8 / 1e9 / period = Gbit/s

@@ -113,6 +113,7 @@ def render_node_config(
             "jobHangTimeoutSeconds": health.job_hang_timeout_minutes * 60,
             "jobStartTimeoutSeconds": health.job_start_timeout_minutes * 60,
             "jobHangFloorSeconds": health.job_hang_floor_seconds,
+            "jobStepHangFloorSeconds": health.job_step_hang_floor_seconds,
             # a `start` runs only the attempt this table holds as its job's current one (node_bootstrap/jobs/
             # job_table.py)
             "jobTableName": job_table_name,

@@ -95,6 +95,7 @@ SETTING_KEYS = (
     "healthCheckIntervalSeconds",
     "jobHangTimeoutMinutes",
     "jobHangFloorSeconds",
+    "jobStepHangFloorSeconds",
     "jobStartTimeoutMinutes",
     "maxJobRestarts",
     "tags",
@@ -356,10 +357,11 @@ def _health_settings(context: Callable[[str], Any]) -> HealthSettings:
         raise invalid("jobHangFloorSeconds", floor,
                       f"must be <= jobHangTimeoutMinutes={hang} ({hang * 60} s): the floor of a hang timeout "
                       "learned from the step cadence, whose upper bound that is")
-    return HealthSettings(
-        check_interval_seconds=interval, job_hang_timeout_minutes=hang, job_start_timeout_minutes=start,
-        job_hang_floor_seconds=floor,
-    )
+    step_floor = integer("jobStepHangFloorSeconds", context("jobStepHangFloorSeconds"), minimum=1, maximum=86400)
+    if step_floor > floor:  # jobHangFloorSeconds: the safety net above it (node_bootstrap/jobs/progress.py)
+        raise invalid("jobStepHangFloorSeconds", step_floor, f"must be <= jobHangFloorSeconds={floor}")
+    return HealthSettings(check_interval_seconds=interval, job_hang_timeout_minutes=hang, job_start_timeout_minutes=
+                          start, job_hang_floor_seconds=floor, job_step_hang_floor_seconds=step_floor)
 
 
 def _storage_settings(context: Callable[[str], Any]) -> StorageSettings:

@@ -70,6 +70,7 @@ STRAGGLER_RATIO = "StragglerRatio"  # slowest rank's step time / the median rank
 SLOWEST_RANK = "SlowestRank"
 VALIDATION_LOSS = "ValidationLoss"  # the held-out loss ([validation]), at the steps that evaluated it
 VALIDATION_PERPLEXITY = "ValidationPerplexity"  # exp(ValidationLoss)
+GOODPUT = "Goodput"  # percent of the trainer process's wall time in counted steps (training/goodput_line.py)
 
 # AWS
 GROUP_IN_SERVICE = "GroupInServiceInstances"

@@ -150,6 +150,9 @@ class HealthSettings:
     job_start_timeout_minutes: int  # the same for the first step after a start or a restart (compile, load)
     # the least a hang timeout learned from the step cadence (5 x the slowest interval) can be
     job_hang_floor_seconds: int = 120
+    # with a trainer that prints its phase records: the least a hang timeout learned from the steps between its
+    # phases can be (node_bootstrap/jobs/progress.py); jobHangFloorSeconds stays the safety net
+    job_step_hang_floor_seconds: int = 20
 
     @property
     def monitor_enabled(self) -> bool:

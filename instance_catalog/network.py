@@ -20,12 +20,15 @@ falling from 131 to 12 GB/s between 2 and 32 p5 nodes) is then the latency term'
 Sources read for p5 (2026, checked by the plan's tests against this module):
 - EFA_P5_ALL_GATHER: all_gather busbw on p5.48xlarge: 2 GB reaches 329/331/294/265/263 GB/s at 2/4/8/16/32
   nodes; 32 MB 131 GB/s at 2 nodes and 12 GB/s at 32. As quoted in issue 43 from aws-samples/
-  awsome-distributed-training micro-benchmarks/nccl-tests/README.md; the snapshot read here (commit 7217859,
-  2026-02-21, and the file's history) does not hold that table, so these are the issue's figures, not verified.
-- EFA_P5_ALL_REDUCE: all_reduce_perf on 2 x p5.48xlarge, same README (verified at commit 7217859): 8 B to
-  16 GB; 65-75 us for small messages, 105.5 GB/s busbw at 16 MB, 443.7 at 2 GB, 487 at 16 GB.
-- EFA_P4DE_ALL_REDUCE: all_reduce_perf on 2 x p4de.24xlarge, same README (verified): 161 us for small
-  messages, 26.4 GB/s busbw at 16 MB, 78.3 at 2 GB.
+  awsome-distributed-training micro-benchmarks/nccl-tests/README.md: NOT FOUND there, so the issue's figures,
+  not verified. Searched (snapshot commit 7217859, 2026-02-21): the README at each of its 93 commits, the whole
+  snapshot for 329/331 in a table, the 22 commits under micro-benchmarks/ whose changes mention all_gather
+  (docs/benchmarks.md, "The plan against published runs", lists them).
+- EFA_P5_ALL_REDUCE: all_reduce_perf on 2 x p5.48xlarge, same README (verified at commit 7217859, out-of-place
+  columns): 8 B to 16 GB; 65-75 us for small messages, 105.52 GB/s busbw at 16 MB, 143.09 at 32 MB, 443.72 at
+  2 GB, 487.09 at 16 GB.
+- EFA_P4DE_ALL_REDUCE: all_reduce_perf on 2 x p4de.24xlarge, same README (verified at 7217859): 161 us for
+  small messages, 26.39 GB/s busbw at 16 MB, 40.85 at 32 MB, 78.33 at 2 GB.
 - NVLink: NVIDIA datasheets: A100 SXM 600 GB/s, H100/H200 SXM 900 GB/s, B200 (HGX) 1.8 TB/s of NVLink per GPU,
   both directions together, so half of it each way. nccl-tests inside an NVSwitch node reach about 80% of one
   direction's figure as busbw: NVLINK_BUSBW_FRACTION is that rule of thumb, an estimate for every type (no
@@ -194,7 +197,7 @@ def _p4d(name: str) -> NetworkModel:
 
 
 _P5_SOURCES = ("EFA_P5_ALL_GATHER: all_gather busbw at 2 GB by node count and 32 MB at 2 and 32 nodes (issue 43, "
-               "quoting the awsome-distributed-training nccl-tests README)",
+               "quoting the awsome-distributed-training nccl-tests README, where it was not found: unverified)",
                "EFA_P5_ALL_REDUCE: 2 x p5 all_reduce (awsome-distributed-training micro-benchmarks/nccl-tests/"
                "README.md); more nodes: as all_gather falls (estimate)",
                "NVLink: H100 SXM 900 GB/s (NVIDIA datasheet) x NVLINK_BUSBW_FRACTION (estimate)")

@@ -25,6 +25,10 @@ MIN_MONITOR_INTERVAL_SECONDS = 10  # a round runs nvidia-smi, fi_info and the aw
 # presets) and shorter than the process-group timeout (parallel.train_timeout_seconds, 300 s), so a rank
 # stuck outside a collective is found before a peer stuck inside one times out (docs/operations.md).
 DEFAULT_JOB_HANG_FLOOR_SECONDS = 120
+# training.jobStepHangFloorSeconds when the node config has none: with a trainer that prints its phase records
+# (a save, a validation, a compile: node_bootstrap/jobs/progress.py) the least the timeout learned from the steps
+# between phases can be. Seconds: a P5 step at 8B takes a few (issue 45).
+DEFAULT_JOB_STEP_HANG_FLOOR_SECONDS = 20
 # DynamoDB's table names (Amazon DynamoDB Developer Guide, "Naming rules")
 TABLE_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{3,255}$")
 
@@ -103,6 +107,8 @@ class TrainingConfig:
     job_start_timeout_seconds: int  # ... and this long for the first step after a start or a restart
     # the least a learned hang timeout can be (node_bootstrap/jobs/progress.py); optional in the node config
     job_hang_floor_seconds: int = DEFAULT_JOB_HANG_FLOOR_SECONDS
+    # ... and the least one learned from the steps between a trainer's phases can be; optional too
+    job_step_hang_floor_seconds: int = DEFAULT_JOB_STEP_HANG_FLOOR_SECONDS
     # the job table (cluster_jobs/table.py) a `start` checks its job and attempt against (node_bootstrap/jobs/
     # job_table.py); "": none named (a node config rendered before it existed, a test's fake node): unchecked
     job_table_name: str = ""
@@ -217,6 +223,8 @@ def parse_node_config(data: Any) -> NodeConfig:
             job_start_timeout_seconds=training.integer("jobStartTimeoutSeconds", minimum=1),
             job_hang_floor_seconds=training.integer("jobHangFloorSeconds", minimum=1,
                                                     default=DEFAULT_JOB_HANG_FLOOR_SECONDS),
+            job_step_hang_floor_seconds=training.integer("jobStepHangFloorSeconds", minimum=1,
+                                                         default=DEFAULT_JOB_STEP_HANG_FLOOR_SECONDS),
             job_table_name=training.optional_match("jobTableName", TABLE_NAME_RE,
                                                    "a DynamoDB table name: 3-255 of A-Z a-z 0-9 _ . -"),
         ),

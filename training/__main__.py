@@ -20,6 +20,7 @@ import sys
 from training.config import packaged_config_names  # no torch: the config layer imports none
 from training.config.help_text import HelpFormatter, examples
 from training.errors import ConfigError
+from training.goodput_line import STARTED_S  # noqa: F401  (imported first: the process's goodput clock starts)
 from training.startup import frozen_imports
 
 EXIT_OK = 0

@@ -21,10 +21,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index: a target that counts nowhere (validation's padding)
+
 
 def cross_entropy_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy of logits [..., V] against targets [...], in fp32: bf16 logits lose the precision
-    log-softmax over a large vocabulary needs. The full-logits path (``parallel.loss_chunk_tokens`` = 0)."""
+    log-softmax over a large vocabulary needs. The full-logits path (``parallel.loss_chunk_tokens`` = 0).
+    Targets of IGNORE_INDEX count nowhere (the mean is over the others)."""
     return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
 
 
@@ -32,12 +35,16 @@ def fused_linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: t
                                chunk_tokens: int) -> torch.Tensor:
     """Mean cross-entropy of ``h @ weight.T`` (h [..., D], weight [V, D], targets [...]) against ``targets``,
     computed ``chunk_tokens`` rows at a time; equal to ``cross_entropy_loss(h @ weight.T, targets)`` within
-    float rounding. Returns an fp32 scalar whose backward gives h and weight their gradients."""
+    float rounding. Returns an fp32 scalar whose backward gives h and weight their gradients. Without gradients
+    (an evaluation) targets of IGNORE_INDEX count nowhere, as in cross_entropy_loss; training passes none."""
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens={chunk_tokens!r}: allowed: an integer >= 1")
     flat_h, flat_targets = h.reshape(-1, h.shape[-1]), targets.reshape(-1)
     if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
         return _FusedLinearCrossEntropy.apply(flat_h, weight, flat_targets, chunk_tokens)
+    kept = flat_targets != IGNORE_INDEX  # validation's padding rows; the check syncs, which an evaluation may
+    if not bool(kept.all()):
+        flat_h, flat_targets = flat_h[kept], flat_targets[kept]
     loss, _, _ = _chunked_loss(flat_h, weight, flat_targets, chunk_tokens, grad_h=False, grad_weight=False)
     return loss
 

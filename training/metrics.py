@@ -11,13 +11,17 @@ Before the first step, one resume line says where the run started (``log_resume`
 ``{"event": "resume", "step": N, "path": "..."}``, the checkpoint's step and directory, or step 0 and path
 null for a fresh start; the launcher's status reports it as ``resumedFromStep``.
 
-On the cluster, rank 0 also writes the step record in CloudWatch Embedded Metric Format (EMF) to stderr: the
-job log, which the CloudWatch agent already ships, so CloudWatch Logs turns it into metrics with no API call
-from the training loop (CloudWatch User Guide, "Specification: Embedded metric format"; the agent marks a
-stream as EMF when a line is a JSON object with "CloudWatchMetrics"). Dimensions: {Cluster, JobId}, from the
-job environment (CLUSTER_STACK_NAME, CLUSTER_JOB_ID), and {Cluster} for the metrics the stack's alarms watch.
-It is the only way: a job has no AWS credentials to call CloudWatch with (the node's metadata service is
-closed to the job user: node_bootstrap/imds_block.py), so ``metrics.cloudwatch=true`` is refused.
+On the cluster, rank 0 also writes the step record in CloudWatch Embedded Metric Format (EMF) to stderr, the
+job log. That line is not shipped as printed (issue 42: a job could name any metric, namespace or dimension):
+the job supervisor (root) keeps it in the job log behind a prefix and re-emits only this record's metric names
+(_EMF_METRICS, node_bootstrap/jobs/job_metrics.py TRAINER_METRICS: tests hold the two lists equal), under the
+node's namespace (the node config's metrics.namespace) and the dimensions {Cluster, JobId} and {Cluster} it
+sets itself, to a metrics log of its own that the CloudWatch agent ships; CloudWatch Logs turns that into
+metrics with no API call from the training loop (CloudWatch User Guide, "Specification: Embedded metric
+format"). So on the cluster the namespace and dimension values this line carries (``metrics.cloudwatch_namespace``,
+CLUSTER_STACK_NAME, CLUSTER_JOB_ID) have no effect; the metric names and values are what counts. It is the only
+way: a job has no AWS credentials to call CloudWatch with (the node's metadata service is closed to the job
+user: node_bootstrap/imds_block.py), so ``metrics.cloudwatch=true`` is refused.
 
 With ``[metrics] tensorboard`` rank 0 also appends the record's scalars to a TensorBoard event file next to the
 checkpoints (training/tensorboard.py).
@@ -45,6 +49,7 @@ import torch.distributed as dist
 
 from training.config.metrics import MetricsConfig
 from training.config.sections import JOB_ID_ENV
+from training.goodput_line import TrainerGoodput
 from training.tensorboard import EventFileWriter, scalars_of
 from training.validation import ValidationResult
 
@@ -135,6 +140,8 @@ _EMF_METRICS = (
     # the held-out loss ([validation]), in the records of the steps that evaluated it
     ("ValidationLoss", lambda r: r.get("val_loss"), "None"),
     ("ValidationPerplexity", lambda r: r.get("val_perplexity"), "None"),
+    # this process's step seconds / its wall time so far (training/goodput_line.py); the job's: clusterctl status
+    ("Goodput", lambda r: r.get("goodput_pct"), "Percent"),
 )
 # Also published per cluster, whatever the job: alarms need fixed dimensions, and one job runs at a time.
 _EMF_CLUSTER_METRICS = ("TokensPerSecond", "MFU", "StragglerRatio")
@@ -224,6 +231,7 @@ class MetricsLogger:
         self.emf_job_id = os.environ.get(JOB_ID_ENV) or "local"
         self.tensorboard = tensorboard  # rank 0's event file writer (training.tensorboard.open_tensorboard)
         self.layout = layout  # the job's [parallel] degrees (Layout.settings()), carried in every step record
+        self.goodput = TrainerGoodput()  # rank 0's: counted step seconds against the process's wall time
 
     def log_step(self, *, step: int, total_steps: int, loss: torch.Tensor, lr: float, grad_norm: torch.Tensor,
                  step_time_s: float, validation: ValidationResult | None = None,
@@ -259,6 +267,8 @@ class MetricsLogger:
         record.update(ranks)
         record["grad_norm"] = float(grad_norm)
         record["mem_gib"] = peak_memory_gib(self.device)
+        self.goodput.add(step, ranks["step_time_s_max"], first_of_start=bool(phases))  # phases: a start's first
+        record["goodput_pct"] = self.goodput.pct()
         if validation is not None:
             record.update(val_loss=validation.loss, val_perplexity=validation.perplexity,
                           val_time_s=validation.time_s)
@@ -312,7 +322,8 @@ class MetricsLogger:
                 f"step {record['step']}/{total_steps} loss {record['loss']:.4f} lr {record['lr']:.2e} "
                 f"{record['tokens_per_s']:,.0f} tok/s {record['tflops']:.2f} TFLOP/s{mfu} "
                 f"step {record['step_time_s_max'] * 1000:.0f} ms (slowest rank {record['slowest_rank']}) "
-                f"mem {record['mem_gib']:.2f} GiB{held_out}\n"
+                f"mem {record['mem_gib']:.2f} GiB{held_out}"
+                + (f" {self.goodput.line()}" if record["step"] == total_steps else "") + "\n"
             )
             self.stderr.flush()
 

@@ -61,6 +61,7 @@ from training.parallel.process_group import (
     launch_sizes,
     set_process_group_timeout,
 )
+from training.phases import CHECKPOINT_LOAD, CHECKPOINT_SAVE, EXPORT, VALIDATION, PhaseReporter
 from training.preflight import run_preflight
 from training.step import clip_grad_norm_, forward_backward
 from training.tensorboard import open_tensorboard
@@ -184,18 +185,23 @@ def _train_in_group(cfg: TrainConfig, resume: str, local_resume: bool, overwrite
                               local_world_size=dist_info.local_world_size, device=dist_info.device,
                               layout=layout.settings())
     start_step, tier, fetched = 0, None, None
-    durable = read_train_state(resume_path) if resume_path is not None else None
-    local_choice = choose_local_resume(local, not_older_than=durable.step if durable else 0) if local_resume else None
-    if local_choice is not None:
-        load_local(local_choice, model, optimizer)
-        start_step, tier, fetched, resume_path = local_choice.step, "local", local_choice.fetched, local_choice.path
-        log.info("resumed from the local tier: step %d (%d shard(s) fetched from another node)", start_step,
-                 fetched)
-    elif resume_path is not None:
-        start_step, tier = checkpointer.load(resume_path, model, optimizer).step, "durable"
-    elif cfg.init.hf_dir:
-        # a fresh start: the init directory's weights replace the random ones, each rank reading its shards
-        load_hf_weights(model, cfg, rank=dist_info.rank)
+    # the phase records tell this node's job supervisor what the trainer is doing (training/phases.py)
+    phases = PhaseReporter(cfg.metrics.json_lines and dist_info.local_rank == 0)
+    with phases.phase(CHECKPOINT_LOAD):  # a fresh start's too: it tells the supervisor that phases are reported
+        durable = read_train_state(resume_path) if resume_path is not None else None
+        local_choice = (choose_local_resume(local, not_older_than=durable.step if durable else 0) if local_resume
+                        else None)
+        if local_choice is not None:
+            load_local(local_choice, model, optimizer)
+            start_step, tier, fetched, resume_path = (local_choice.step, "local", local_choice.fetched,
+                                                      local_choice.path)
+            log.info("resumed from the local tier: step %d (%d shard(s) fetched from another node)", start_step,
+                     fetched)
+        elif resume_path is not None:
+            start_step, tier = checkpointer.load(resume_path, model, optimizer).step, "durable"
+        elif cfg.init.hf_dir:
+            # a fresh start: the init directory's weights replace the random ones, each rank reading its shards
+            load_hf_weights(model, cfg, rank=dist_info.rank)
     if resume_path is not None:
         # what the straight run derived from these weights after the step that produced them (torchao's
         # precomputed FP8 all-gather scales), derived again, so the next step runs the same code path
@@ -211,18 +217,21 @@ def _train_in_group(cfg: TrainConfig, resume: str, local_resume: bool, overwrite
 
     # 12) the loop
     try:
-        result = _loop(cfg, model, optimizer, fp8, checkpointer, local, stop, dist_info, start_step, validator,
-                       on_first_step=save_cache)
+        with phases.compiles():  # a recompile mid-run, a backward compiled at its first call
+            result = _loop(cfg, model, optimizer, fp8, checkpointer, local, stop, dist_info, start_step, validator,
+                           on_first_step=save_cache, phases=phases)
     except BaseException:
         local.abandon()  # its writer may wait on a rank that is gone: what it left is never counted
         checkpointer.close_after_error()  # a pending save may still complete; the first error propagates
         raise
-    local.close()
-    checkpointer.close()  # waits for a pending async save: never exit while one is being written
+    with phases.phase(CHECKPOINT_SAVE):
+        local.close()
+        checkpointer.close()  # waits for a pending async save: never exit while one is being written
     destroy_distributed()
     if cfg.export.hf_dir and dist_info.is_main and not result.stopped_by_signal and result.steps_done == cfg.run.steps:
         # rank 0 alone, from the final checkpoint on disk, shard by shard (the other ranks may exit)
-        export_checkpoint(step_dir(cfg.checkpoint.dir, result.steps_done), cfg.export.resolve(cfg.checkpoint.dir))
+        with phases.phase(EXPORT):
+            export_checkpoint(step_dir(cfg.checkpoint.dir, result.steps_done), cfg.export.resolve(cfg.checkpoint.dir))
     return result
 
 
@@ -261,7 +270,8 @@ def build_model(model_cfg: ModelConfig, parallel_cfg: ParallelConfig, fp8: Fp8Ba
 def _loop(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, fp8: Fp8Backend,
           checkpointer: Checkpointer, local: LocalCheckpointer, stop: StopRequest, dist_info: DistInfo,
           start_step: int, validator: Validator | None = None,
-          on_first_step: Callable[[], object] | None = None) -> TrainResult:
+          on_first_step: Callable[[], object] | None = None, phases: PhaseReporter | None = None) -> TrainResult:
+    phases = phases or PhaseReporter(False)
     run = cfg.run
     device = dist_info.device
     total_steps = run.steps
@@ -296,7 +306,9 @@ def _loop(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, 
     )
     if validator is not None and start_step == 0 and cfg.validation.at_start:
         # the baseline, before any step changed the weights (an imported model's own held-out loss): step 0
-        metrics.log_validation(validator.evaluate(model, step=0, device=device), total_steps=total_steps)
+        with phases.phase(VALIDATION):
+            baseline = validator.evaluate(model, step=0, device=device)
+        metrics.log_validation(baseline, total_steps=total_steps)
     stopped = False
     done = start_step
     compiled = ""
@@ -305,7 +317,9 @@ def _loop(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, 
         for step in range(start_step, total_steps):
             lr = lr_at(step, cfg.optim, total_steps)
             apply_lr(optimizer, lr)
-            loss = forward_backward(model, fp8, prefetcher.next_step(), accum,
+            with phases.data_wait():  # a read that stalls past a second: a phase, with its bound
+                batches = prefetcher.next_step()
+            loss = forward_backward(model, fp8, batches, accum,
                                     loss_chunk_tokens=cfg.parallel.loss_chunk_tokens,
                                     loss_parallel=dist_info.layout is not None and dist_info.layout.tp > 1)
             if step == start_step:  # torch.compile compiles in the first forward and backward of a start
@@ -313,8 +327,9 @@ def _loop(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, 
             grad_norm = clip_grad_norm_(model, cfg.optim.max_grad_norm)
             # a save's background copy of the state overlaps forward and backward; it must be complete before
             # the step changes the parameters and optimizer state (no-op without a save in flight)
-            checkpointer.wait_for_staging()
-            local.wait_for_staging()
+            with phases.staging_wait():  # a long wait for it is a save, not a stopped step
+                checkpointer.wait_for_staging()
+                local.wait_for_staging()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             fp8.post_optimizer_step(model)
@@ -322,12 +337,15 @@ def _loop(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, 
             interval_steps += 1
 
             validate = validator is not None and validator.due(done, total_steps)  # a held-out loss is logged
-            if done % run.log_interval_steps == 0 or done == start_step + 1 or done == total_steps or validate:
+            if logged := done % run.log_interval_steps == 0 or done in (start_step + 1, total_steps) or validate:
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)  # step time must include the queued GPU work
                 now = time.perf_counter()
                 # after the step time is taken (evaluating is not training time); the same on every rank
-                validation = validator.evaluate(model, step=done, device=device) if validator and validate else None
+                validation = None
+                if validator is not None and validate:
+                    with phases.phase(VALIDATION):  # a pause of the step lines the supervisor expects
+                        validation = validator.evaluate(model, step=done, device=device)
                 first = {"compiled": compiled, "first_step": phase_time()} if done == start_step + 1 else None
                 metrics.log_step(step=done, total_steps=total_steps, loss=loss, lr=lr, grad_norm=grad_norm,
                                  step_time_s=(now - interval_start) / interval_steps, validation=validation,
@@ -341,14 +359,19 @@ def _loop(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, 
             # step boundary: finish a completed async save, agree on SIGTERM, save when due
             checkpointer.poll()
             stopped = stop.agreed()
+            if not logged:  # after the stop flag's all_reduce: every rank reached this step's end
+                phases.beat(done)
             if stopped:
-                checkpointer.save(done, model, optimizer, blocking=True)
+                with phases.phase(CHECKPOINT_SAVE):
+                    checkpointer.save(done, model, optimizer, blocking=True)
                 break
             if checkpointer.should_save(done, total_steps):
                 # the final save blocks: the process is about to exit anyway
-                checkpointer.save(done, model, optimizer, blocking=done == total_steps)
+                with phases.phase(CHECKPOINT_SAVE):
+                    checkpointer.save(done, model, optimizer, blocking=done == total_steps)
             if local.should_save(done) and done < total_steps:  # the final state is saved durably
-                local.save(done, model, optimizer)
+                with phases.phase(CHECKPOINT_SAVE):
+                    local.save(done, model, optimizer)
     finally:
         prefetcher.close()
     return TrainResult(start_step=start_step, steps_done=done, stopped_by_signal=stopped,

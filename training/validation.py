@@ -1,12 +1,21 @@
 """The held-out loss (``[validation]``): the mean loss of a fixed set of held-out samples, the same ones at every
-evaluation, each data-parallel rank on its own part, reduced so that every rank gets the same value.
+evaluation and whatever the layout, each data-parallel rank on its own part, reduced so that every rank gets the
+same value.
 
-The set: the held-out shards' token stream cut into windows of seq_len + 1 tokens (as training cuts its
-shards), of which the first ``batches x micro_batch_size x world_size`` in a fixed pseudo-random order
-(data.permute with a constant seed, so the windows are spread over the whole held-out stream and are the same
-whatever run.seed is). Micro-batch b of rank r holds order positions ``(b x world_size + r) x micro_batch_size
-+ i``, the layout training uses for its steps. Each rank reads its tokens once, at start-up, where a bad
-setting fails before any step.
+The set is a function of the config alone (validation.path, run.seq_len and validation.windows, or
+validation.batches x run.micro_batch_size), never of the layout or the number of ranks: a run resumed as HSDP
+2 x 2 or TP 2 x FSDP 2 from FSDP 4, or the same job on 2 or 4 nodes, scores the same windows. They are the
+held-out shards' token stream cut into windows of seq_len + 1 tokens (as training cuts its shards), the first
+``windows`` in a fixed pseudo-random order (data.permute with a constant seed, so they are spread over the
+whole held-out stream and are the same whatever run.seed is). Data-parallel rank r of D scores order positions
+r, r + D, r + 2D, ... (the ranks of a tp group the same ones), in micro-batches of run.micro_batch_size rows
+(fewer where every rank has fewer windows). Every rank runs the same number of forwards, as FSDP's gathers
+need: where the windows do not divide evenly, a rank's last micro-batch is filled with padding rows (a copy of
+a window, targets IGNORE_INDEX) that count nowhere, and a micro-batch of padding alone is run and dropped. The
+loss is the sum over the scored windows of their mean token loss, over the number of windows scored: each
+window counted once. One process with batches x micro_batch_size windows scores exactly the micro-batches it
+scored before ``windows`` existed. Each rank reads its tokens once, at start-up, where a bad setting fails
+before any step.
 
 An evaluation must leave training exactly as it was (tests/training/test_validation_torchrun.py compares the
 losses and the final weights, bit for bit, with a run without validation and across a resume):
@@ -39,7 +48,7 @@ from training.config.sections import DataConfig, ValidationConfig
 from training.data.batches import Batch, permute
 from training.data.shards import ShardFormatError, TokenShards, open_shards
 from training.errors import ConfigError
-from training.loss import cross_entropy_loss
+from training.loss import IGNORE_INDEX, cross_entropy_loss
 from training.parallel.tp import maybe_loss_parallel
 
 log = logging.getLogger(__name__)
@@ -99,8 +108,8 @@ class Validator:
 
     ``rank`` and ``world_size`` are data-parallel (which windows this rank reads: the ranks of a tp group read
     the same); ``gather_size``: the ranks of the default group the losses are gathered over (default
-    ``world_size``). Each data-parallel rank's sum then comes tp times, so the mean over all gathered sums is
-    still the mean over the set. ``loss_parallel``: the logits are vocabulary-sharded (tp > 1)."""
+    ``world_size``). Each data-parallel rank's sum and count then come tp times, so their ratio is still the
+    mean over the set. ``loss_parallel``: the logits are vocabulary-sharded (tp > 1)."""
 
     def __init__(self, cfg: ValidationConfig, shards: TokenShards, *, seq_len: int, micro_batch_size: int,
                  rank: int, world_size: int, loss_chunk_tokens: int = 0, gather_size: int | None = None,
@@ -109,28 +118,32 @@ class Validator:
         self.gather_size = world_size if gather_size is None else gather_size
         self.loss_chunk_tokens = loss_chunk_tokens
         self.loss_parallel = loss_parallel
-        num_windows = (shards.num_tokens - 1) // seq_len
-        needed = cfg.batches * micro_batch_size * world_size
-        if needed > num_windows:
-            most = num_windows // (micro_batch_size * world_size)
-            raise ConfigError(
-                f"validation.batches={cfg.batches}: needs {cfg.batches} x run.micro_batch_size "
-                f"{micro_batch_size} x {world_size} ranks = {needed} windows of run.seq_len + 1 = {seq_len + 1} "
-                f"tokens; validation.path={cfg.path!r} holds {num_windows}; allowed: at most {most}"
-            )
-        order = permute(np.arange(needed, dtype=np.int64), num_windows, seed=ORDER_SEED, epoch=0)
+        available = (shards.num_tokens - 1) // seq_len
+        self.windows = cfg.num_windows(micro_batch_size)  # in the whole set, on every rank together
+        if self.windows > available:
+            raise ConfigError(_too_few(cfg, micro_batch_size, self.windows, seq_len, available))
+        order = permute(np.arange(self.windows, dtype=np.int64), available, seed=ORDER_SEED, epoch=0)
+        mine = order[rank::world_size]  # order positions rank, rank + world_size, ...
+        per_rank = -(-self.windows // world_size)  # the most any rank scores
+        rows = min(micro_batch_size, per_rank)  # every rank's micro-batches have this shape
+        padding = int(mine[0] if len(mine) else order[0])  # a rank with no window of its own runs this one
         self.batches: list[Batch] = []
-        for b in range(cfg.batches):
-            first = (b * world_size + rank) * micro_batch_size
-            windows = order[first:first + micro_batch_size]
-            tokens = np.stack([shards.read(int(w) * seq_len, seq_len + 1) for w in windows])
+        self.scored: list[int] = []  # per micro-batch: its rows that are windows of the set; the rest are padding
+        self.scored_windows = [int(w) for w in mine]  # the held-out stream's windows this rank scores, in order
+        for b in range(-(-per_rank // rows)):
+            windows = [int(w) for w in mine[b * rows:(b + 1) * rows]]
+            filled = windows + [padding] * (rows - len(windows))
+            tokens = np.stack([shards.read(w * seq_len, seq_len + 1) for w in filled])
             if int(tokens.max()) >= shards.vocab_size:  # an id past the embedding: a device assert on a GPU
                 raise ConfigError(
                     f"validation.path={cfg.path!r}: token id {int(tokens.max())} in batch {b}; allowed: ids "
                     f"below the index's vocab_size={shards.vocab_size}"
                 )
             window = torch.from_numpy(tokens)
-            self.batches.append((window[:, :-1].contiguous(), window[:, 1:].contiguous()))
+            targets = window[:, 1:].clone()
+            targets[len(windows):] = IGNORE_INDEX  # padding rows count nowhere (F.cross_entropy's ignore_index)
+            self.batches.append((window[:, :-1].contiguous(), targets))
+            self.scored.append(len(windows))
 
     def due(self, done: int, total_steps: int) -> bool:
         """Whether to evaluate after ``done`` completed steps: every interval_steps, and after the last."""
@@ -140,19 +153,22 @@ class Validator:
         """The mean loss over the whole set with the current weights. Collective: every rank calls it."""
         started = time.perf_counter()
         was_training = model.training
-        total = torch.zeros((), dtype=torch.float64, device=device)
+        total = torch.zeros((), dtype=torch.float64, device=device)  # sum over this rank's windows of their mean
         devices = [device.index or 0] if device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices, device_type=device.type if devices else None), torch.no_grad():
             model.eval()
             try:
-                for inputs, targets in self.batches:
-                    total += self._loss(model, inputs.to(device), targets.to(device)).double()
+                for (inputs, targets), scored in zip(self.batches, self.scored, strict=True):
+                    loss = self._loss(model, inputs.to(device), targets.to(device))  # collective: every rank runs it
+                    if scored:  # the mean over the scored rows' tokens (all windows hold seq_len of them)
+                        total += loss.double() * scored
             finally:
                 model.train(was_training)
-        # every batch has the same token count: the mean of the batch means is the mean over all tokens. Every
-        # rank gathers the same per-rank sums and adds them exactly (fsum), so all ranks hold the same bits.
-        sums = _gather(total.reshape(1), self.gather_size)
-        loss = math.fsum(sums) / (len(self.batches) * self.gather_size)
+        # Every rank gathers the same per-rank (sum, windows) pairs and adds them exactly (fsum), so all ranks
+        # hold the same bits; a tp group's ranks add theirs tp times to both, which leaves the ratio as it is.
+        scored = torch.tensor(float(sum(self.scored)), dtype=torch.float64, device=device)
+        pairs = _gather(torch.stack([total, scored]), self.gather_size)
+        loss = math.fsum(s for s, _ in pairs) / math.fsum(n for _, n in pairs)
         result = ValidationResult(step=step, loss=loss, time_s=time.perf_counter() - started)
         log.info("validation after step %d: loss %r, perplexity %.4f (%.2f s)", step, result.loss,
                  result.perplexity, result.time_s)
@@ -167,12 +183,23 @@ class Validator:
         return loss.to_local() if isinstance(loss, DTensor) else loss
 
 
-def _gather(local: torch.Tensor, world_size: int) -> list[float]:
+def _too_few(cfg: ValidationConfig, micro_batch_size: int, windows: int, seq_len: int, available: int) -> str:
+    if cfg.windows:
+        setting, needs, most = f"validation.windows={cfg.windows}", f"{windows}", available
+    else:
+        setting = f"validation.batches={cfg.batches}"
+        needs = f"{cfg.batches} x run.micro_batch_size {micro_batch_size} = {windows}"
+        most = available // micro_batch_size
+    return (f"{setting}: needs {needs} windows of run.seq_len + 1 = {seq_len + 1} tokens; validation.path="
+            f"{cfg.path!r} holds {available}; allowed: at most {most}")
+
+
+def _gather(local: torch.Tensor, world_size: int) -> list[list[float]]:
     if world_size > 1 and dist.is_available() and dist.is_initialized():
         gathered = [torch.empty_like(local) for _ in range(world_size)]
         dist.all_gather(gathered, local)
-        return [float(t.item()) for t in gathered]
-    return [float(local.item())]
+        return [t.tolist() for t in gathered]
+    return [local.tolist()]
 
 
 def build_validator(cfg: TrainConfig, *, rank: int, world_size: int, gather_size: int | None = None,

@@ -80,7 +80,8 @@ def status(args: argparse.Namespace, runtime: Runtime) -> int:
             report.update(exportDir=place.fsx_dir, exportS3Uri=place.s3_uri)
         say(runtime, to_json(report))
     else:
-        say(runtime, job_view.format_record(record, bucket, overall_state(states) if states else None))
+        say(runtime, job_view.format_record(record, bucket, overall_state(states) if states else None,
+                                            runtime.now()))
         if current is not None:
             say(runtime, "")
             print_states(args, runtime, states, f"attempt {current.number}'s nodes")

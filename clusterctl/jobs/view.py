@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from cluster_jobs import records as job_records
 from cluster_jobs.export import export_place, exported_step
+from cluster_jobs.goodput import job_goodput, summary_line
 from cluster_jobs.node_states import GONE, NodeJobState, is_commcheck, overall_state, reported_busbw
 from cluster_jobs.table import JobRecord
 from cluster_jobs.timeline import restart_seconds, timeline_lines
@@ -25,7 +26,9 @@ def record_json(record: JobRecord, now: datetime.datetime) -> dict[str, object]:
     cost = job_records.cost_so_far_usd(record, now)
     restarts = [restart_seconds(record, number) for number in range(1, record.attempt)]
     layout = record_layout(record)
-    data.update(attempt=record.attempt, last_step=record.last_step,
+    goodput = job_goodput(record, now)  # computed from the record as read: never stale, no field to migrate
+    data.update(goodput=None if goodput is None else goodput.to_json(),
+                attempt=record.attempt, last_step=record.last_step,
                 layout=None if layout is None else {"name": layout.name, **layout.settings()},
                 cost_so_far_usd=None if cost is None else round(cost, 2),
                 restarts=[r for r in restarts if r is not None])
@@ -38,11 +41,13 @@ def attempt_summary(state: str, attempt: int, max_job_restarts: int) -> str:
     return f"{state}, attempt {attempt} (restarts: {max(0, attempt - 1)} of at most {max_job_restarts})"
 
 
-def format_record(record: JobRecord, checkpoint_bucket: str | None = None, nodes_state: str | None = None) -> str:
+def format_record(record: JobRecord, checkpoint_bucket: str | None = None, nodes_state: str | None = None,
+                  now: datetime.datetime | None = None) -> str:
     """The job as its record has it: the header, then one row per attempt (STEPS LOST: the step the attempt
     reached minus the step the next one resumed from), then each attempt's nodes. An export job says what it
     exports and where to, and where the model is in the checkpoint bucket (`nodes_state`: its nodes' overall
-    state, which says succeeded before the job keeper's next round records it)."""
+    state, which says succeeded before the job keeper's next round records it). With `now`, the goodput line
+    (cluster_jobs/goodput.py: the time since the submit that trained, and the largest causes of the rest)."""
     what = f"{record.module} {record.config}".rstrip()
     lines = [
         f"job {record.job_id}: {attempt_summary(record.state, record.attempt, record.max_job_restarts)}; {what} on "
@@ -79,6 +84,8 @@ def format_record(record: JobRecord, checkpoint_bucket: str | None = None, nodes
     ))
     lines += [f"attempt {a.number} nodes: {', '.join(a.nodes)}" for a in record.attempts]
     lines += timeline_lines(record)  # each restart's phases, in seconds from its fault
+    if now is not None and (goodput := job_goodput(record, now)) is not None:
+        lines.append(summary_line(goodput))
     if record.dropped_on_read:  # stored values outside the record's schema (cluster_jobs/record_schema.py)
         lines.append(f"dropped on read ({len(record.dropped_on_read)}): {'; '.join(record.dropped_on_read)}")
     return "\n".join(lines)

@@ -70,7 +70,7 @@ class FinetuneSchedule:
             f"(validation.at_start={str(cfg.validation.at_start).lower()}: the imported model's own loss, the "
             "baseline) and after the last" if self.validation_interval_steps else
             "off: the config has no validation.path; add --set validation.path=DIR (held-out shards) --set "
-            f"validation.interval_steps={max(1, self.steps // VALIDATIONS_PER_RUN)} --set validation.batches=16")
+            f"validation.interval_steps={max(1, self.steps // VALIDATIONS_PER_RUN)} --set validation.windows=128")
         return [
             f"fine-tune: {self.steps:,} steps {start}; each setting and the recipe it follows:",
             f"  global batch {self.global_batch_tokens:,} tokens: {batch}",

@@ -78,6 +78,11 @@ def tp_divides(cfg: ModelConfig, tp: int) -> bool:
     return all(size % tp == 0 for size in (cfg.n_heads, cfg.n_kv_heads, cfg.ffn_dim, cfg.vocab_size))
 
 
+def tp_degrees(gpus_per_node: int) -> list[int]:
+    """The TP degrees the plan weighs: 1, 2, 4 ... dividing a node's GPUs (a TP group stays inside a node)."""
+    return [t for t in (1, 2, 4, 8, 16) if t <= gpus_per_node and gpus_per_node % t == 0]
+
+
 def why_not(layout: Layout, cfg: ModelConfig, *, nodes: int, gpus_per_node: int, samples_per_step: int,
             micro_batch_size: int) -> str:
     """'' when `layout` can run at `nodes` nodes, else why not (the trainer's own refusals, offline)."""
@@ -100,8 +105,8 @@ def candidates(cfg: ModelConfig, *, nodes: int, gpus_per_node: int, samples_per_
                micro_batch_size: int) -> list[Layout]:
     """Every layout the plan weighs at `nodes` nodes: TP 1, 2, 4 ... inside a node, replicas dividing the nodes."""
     gpus = nodes * gpus_per_node
-    tps = [t for t in (1, 2, 4, 8, 16) if t <= gpus_per_node and gpus_per_node % t == 0]
-    layouts = [Layout(r, gpus // (r * t), t) for t in tps for r in range(1, nodes + 1) if nodes % r == 0]
+    layouts = [Layout(r, gpus // (r * t), t) for t in tp_degrees(gpus_per_node)
+               for r in range(1, nodes + 1) if nodes % r == 0]
     return [lay for lay in layouts if not why_not(lay, cfg, nodes=nodes, gpus_per_node=gpus_per_node,
                                                    samples_per_step=samples_per_step,
                                                    micro_batch_size=micro_batch_size)]

@@ -3,8 +3,9 @@ nodes, in how long, and for how much; ranked by cost and by time.
 
 Arithmetic, per instance type (every figure from one place):
 - FLOPs: training.shapes.flops_per_token (6 x parameters + attention, the trainer's MFU count) x tokens.
-- Memory: clusterctl.plan.memory, per GPU, at each node count; the smallest count that fits as FSDP (FITS
-  FROM), without activation checkpointing if it fits so, else with it; each layout's own at each count.
+- Memory: clusterctl.plan.memory, per GPU, at each node count; the smallest count that some layout fits on
+  (FITS FROM: clusterctl.plan.search.fewest_nodes_fit, with the layout), without activation checkpointing if it
+  fits so, else with it; each layout's own at each count.
 - Layout and time: clusterctl.plan.search picks, at each count, the layout with the least step time
   (clusterctl.plan.step_time: compute at the efficiency from clusterctl.plan.mfu and clusterctl.plan.efficiency,
   plus the communication it does not hide); time = tokens / (GPUs x tokens/s per GPU).
@@ -27,10 +28,10 @@ from dataclasses import dataclass
 from cluster_aws.errors import EXIT_USAGE, ClusterctlError
 from cluster_spec.settings import MAX_NODE_COUNT
 from clusterctl.plan.efficiency import compute_efficiency
-from clusterctl.plan.layouts import LayoutRequest
+from clusterctl.plan.layouts import Layout, LayoutRequest
 from clusterctl.plan.memory import MemoryEstimate, RunShape, estimate_memory
 from clusterctl.plan.mfu import Measurement, MfuChoice, MfuQuery, choose_mfu
-from clusterctl.plan.search import LayoutChoice, best_layout, layouts_at
+from clusterctl.plan.search import LayoutChoice, best_layout, fewest_nodes_fit, layouts_at, least_memory
 from clusterctl.plan.workload import Workload
 from instance_catalog.instance_types import InstanceType
 from training.shapes import flops_per_token
@@ -71,7 +72,7 @@ class Option:
 
     instance_type: InstanceType
     fp8_backend: str  # the backend the run would use there ("none" where the GPU has no FP8)
-    min_nodes_without_ac: int | None  # smallest node count that fits without activation checkpointing
+    min_nodes_without_ac: int | None  # smallest node count some layout fits on without activation checkpointing
     min_nodes_with_ac: int | None  # ... with it; None: not within MAX_NODES
     nodes: int | None  # the node count planned
     activation_checkpointing: bool  # needed at `nodes`
@@ -88,6 +89,8 @@ class Option:
     horizon_days: float | None = None  # the plan's horizon (clusterctl.plan.choose), None where none applies
     choice: LayoutChoice | None = None  # the layout at `nodes` and its step time (clusterctl.plan.search)
     efficiency: float = 0.0  # the compute efficiency the step time ran at (clusterctl.plan.efficiency)
+    fits_from_layout_without_ac: Layout | None = None  # the layout that fits on min_nodes_without_ac
+    fits_from_layout_with_ac: Layout | None = None  # ... on min_nodes_with_ac
 
     @property
     def viable(self) -> bool:
@@ -203,7 +206,8 @@ def memory_at(workload: Workload, instance: InstanceType, nodes: int, ac: bool,
 
 def smallest_fit(workload: Workload, instance: InstanceType, ac: bool, global_batch_tokens: int | None = None,
                  max_nodes: int = MAX_NODES) -> int | None:
-    """The fewest nodes (1..max_nodes) whose GPUs hold the step; memory per GPU only falls as nodes are added."""
+    """The fewest nodes (1..max_nodes) whose GPUs hold the step as FSDP over every GPU; memory per GPU only falls
+    as nodes are added. The plan's FITS FROM weighs every layout (clusterctl.plan.search.fewest_nodes_fit)."""
     def fits(count: int) -> bool:
         return memory_at(workload, instance, count, ac, global_batch_tokens).fits
 
@@ -245,8 +249,9 @@ def plan_counts(
     )
     mfu = choose_mfu(override=mfu_override, query=query, measurements=measurements or [])
     limit = MAX_NODES - spare_nodes
-    without_ac = smallest_fit(workload, instance, False, global_batch_tokens, limit)
-    with_ac = smallest_fit(workload, instance, True, global_batch_tokens, limit)
+    fit_without = fewest_nodes_fit(workload, instance, False, global_batch_tokens, limit)
+    fit_with = fewest_nodes_fit(workload, instance, True, global_batch_tokens, limit)
+    without_ac, with_ac = (None if f is None else f.nodes for f in (fit_without, fit_with))
     efficiency = compute_efficiency(mfu, workload.model)
     even = [n for n in range(1, limit + 1) if with_ac is not None and n >= with_ac
             and layouts_at(workload, instance, n, global_batch_tokens, layout)[0]]
@@ -256,7 +261,9 @@ def plan_counts(
                 min_nodes_with_ac=with_ac, mfu=mfu, total_flops=flops_per_token(workload.model, workload.seq_len)
                 * tokens, tokens=tokens, spare_nodes=spare_nodes, global_batch_tokens=global_batch_tokens,
                 micro_batch_tokens=workload.seq_len * workload.micro_batch_size,
-                fsx_usd_per_hour=fsx_usd_per_hour, node_counts=counts, efficiency=efficiency)
+                fsx_usd_per_hour=fsx_usd_per_hour, node_counts=counts, efficiency=efficiency,
+                fits_from_layout_without_ac=fit_without and fit_without.layout,
+                fits_from_layout_with_ac=fit_with and fit_with.layout)
 
     def at(count: int) -> Option:
         choice = choices[count]
@@ -264,7 +271,7 @@ def plan_counts(
                       problem="", choice=choice, **base)
 
     if with_ac is None:
-        memory = memory_at(workload, instance, limit, True, global_batch_tokens)
+        memory = least_memory(workload, instance, limit, True, global_batch_tokens)
         return Option(
             nodes=None, activation_checkpointing=True, memory=memory,
             problem=f"does not fit on {limit} nodes, even with activation checkpointing "
@@ -309,7 +316,7 @@ def at_nodes(standin: Option, options: list[Option], workload: Workload, nodes: 
         if problem and (layout is not None or "fits" in problem):
             return dataclasses.replace(standin, nodes=nodes, memory=None, problem=problem)
     if nodes < standin.min_nodes_with_ac:
-        memory = memory_at(workload, it, nodes, True, standin.global_batch_tokens)
+        memory = least_memory(workload, it, nodes, True, standin.global_batch_tokens)
         problem = (f"does not fit on {nodes} nodes (needs {standin.min_nodes_with_ac}): "
                    f"{memory.peak_bytes / 2**30:.1f} GiB per GPU, {memory.usable_bytes / 2**30:.1f} usable")
     else:

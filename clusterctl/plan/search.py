@@ -5,13 +5,17 @@ step time (clusterctl.plan.step_time). The global batch and the GPUs are the sam
 the least step time is the least time per token.
 
 HSDP is weighed with shard groups of 1, 2, 4 ... nodes (replicas = nodes / group), TP at 1, 2, 4 and 8.
+
+Whether a model fits at all (the FITS FROM column) is the fewest nodes any of those layouts fits memory on
+(fewest_nodes_fit): FSDP over the GPUs at each TP degree that divides the model, since HSDP holds more per GPU
+than FSDP at the same TP (each replica the whole sharded state) and so never fits first.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from clusterctl.plan.layouts import Layout, LayoutRequest, candidates, why_not
+from clusterctl.plan.layouts import Layout, LayoutRequest, candidates, tp_degrees, tp_divides, why_not
 from clusterctl.plan.memory import MemoryEstimate, RunShape, estimate_memory
 from clusterctl.plan.step_time import FULL_RECOMPUTE, NO_RECOMPUTE, StepTime, step_time
 from clusterctl.plan.workload import Workload
@@ -58,6 +62,49 @@ def memory_of(workload: Workload, instance: InstanceType, layout: Layout, ac: bo
                            replicas=layout.dp_replicate)
 
 
+@dataclass(frozen=True)
+class Fit:
+    """The fewest nodes a model fits memory on, and the layout it fits as there."""
+
+    nodes: int
+    layout: Layout
+    memory: MemoryEstimate
+
+
+def fit_layouts(workload: Workload, instance: InstanceType, nodes: int) -> list[Layout]:
+    """The layouts with the least memory per GPU at `nodes`: FSDP over the GPUs at each TP degree the model takes
+    (whether the global batch splits is not asked: the NODES column is where it does)."""
+    gpn = instance.gpu_count
+    return [Layout(1, nodes * gpn // t, t) for t in tp_degrees(gpn) if tp_divides(workload.model, t)]
+
+
+def least_memory(workload: Workload, instance: InstanceType, nodes: int, ac: bool,
+                 global_batch_tokens: int) -> MemoryEstimate:
+    """The least memory per GPU any layout needs at `nodes` (to say by how much nothing fits)."""
+    return min((memory_of(workload, instance, layout, ac, global_batch_tokens)
+                for layout in fit_layouts(workload, instance, nodes)), key=lambda m: m.peak_bytes)
+
+
+def fewest_nodes_fit(workload: Workload, instance: InstanceType, ac: bool, global_batch_tokens: int,
+                     max_nodes: int) -> Fit | None:
+    """The fewest nodes (1..max_nodes) on which some layout fits, with or without activation checkpointing, and
+    that layout (the smallest TP among equals); None where none fits on max_nodes. Per TP degree a binary
+    search: memory per GPU only falls as nodes are added."""
+    gpn, best = instance.gpu_count, None
+    for tp in (t for t in tp_degrees(gpn) if tp_divides(workload.model, t)):
+        def memory(nodes: int, tp: int = tp) -> MemoryEstimate:
+            return memory_of(workload, instance, Layout(1, nodes * gpn // tp, tp), ac, global_batch_tokens)
+
+        low, high = 1, max_nodes if best is None else best.nodes - 1
+        if high < 1 or not memory(high).fits:
+            continue
+        while low < high:
+            middle = (low + high) // 2
+            low, high = (low, middle) if memory(middle).fits else (middle + 1, high)
+        best = Fit(low, Layout(1, low * gpn // tp, tp), memory(low))
+    return best
+
+
 def best_layout(workload: Workload, instance: InstanceType, nodes: int, global_batch_tokens: int, efficiency: float,
                 forced: LayoutRequest | None = None) -> tuple[LayoutChoice | None, str]:
     """(the fastest layout that fits at `nodes`, or None and why not)."""
@@ -75,7 +122,8 @@ def best_layout(workload: Workload, instance: InstanceType, nodes: int, global_b
                              global_batch_tokens=global_batch_tokens, layout=layout, instance=instance,
                              network=network, efficiency=efficiency,
                              recompute=FULL_RECOMPUTE if ac else NO_RECOMPUTE,
-                             reshard_after_forward=workload.reshard_after_forward)
+                             reshard_after_forward=workload.reshard_after_forward,
+                             fp8_all_gather=workload.fp8_all_gather and instance.supports_fp8)
             if best is None or step.total_s < best.step.total_s:
                 best = LayoutChoice(layout, ac, memory, step)
             break  # with activation checkpointing it is only slower

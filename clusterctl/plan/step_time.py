@@ -5,8 +5,9 @@ Per micro-batch on one GPU (every GPU does the same work; the layout is clusterc
   (full activation checkpointing redoes each block's forward: + 1/3; torchtitan's selective "op" checkpointing
   redoes every second matmul of the forward: + the blocks' parameters x 1 FLOP per token), split over the TP
   group, at the GPU's dense BF16 peak x the compute efficiency (clusterctl.plan.efficiency).
-- FSDP, per block, over the shard group: the forward's all-gather of the block's bf16 parameters against the
-  previous block's forward (FSDP2 prefetches one block ahead); in backward the all-gather again
+- FSDP, per block, over the shard group: the forward's all-gather of the block's bf16 parameters (1 byte for
+  the Float8 linears' weights with torchao's FP8 all-gather: block_gather_bytes) against the previous block's
+  forward (FSDP2 prefetches one block ahead); in backward the all-gather again
   (reshard_after_forward) and the fp32 gradient reduce-scatter against the block's backward. What exceeds the
   compute it overlaps is exposed. The first block's all-gather and the last reduce-scatter have nothing to hide
   behind, and neither do the root group's (embeddings, final norm, output head; one embedding matrix when they
@@ -26,7 +27,8 @@ node's other groups) get the node's bus bandwidth in proportion to their ranks o
 Left out (docs/benchmarks.md says what each would change): the optimizer step on each rank's shard (about 11 ms
 per billion parameters per GPU on an H100), the loss, kernel launch gaps, smaller GEMMs' lower efficiency under
 TP, stragglers, collectives slowing compute they overlap (SM and memory contention), NCCL's low-latency protocols
-for small messages, and asynchronous TP (torchtitan's 876 against 829 tokens/s/GPU).
+for small messages, asynchronous TP (torchtitan's 876 against 829 tokens/s/GPU), torchao's Float8 TP styles
+all-gathering activations in FP8, and FP8 all-gather's one all-reduce of the weights' scales per step.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ FULL_RECOMPUTE = "full"
 SELECTIVE_OP_RECOMPUTE = "selective-op"  # torchtitan's activation_checkpoint mode "selective", option "op"
 NO_RECOMPUTE = "none"
 PARAM_GATHER_BYTES = 2  # bf16 parameters all-gathered (MixedPrecisionPolicy param_dtype)
+FP8_GATHER_BYTES = 1  # a Float8 linear's weight under FP8 all-gather: cast to float8 on its shard, then gathered
+FP8_DIM_MULTIPLE = 16  # training.fp8.FP8_DIM_MULTIPLE: linears with other dimensions stay bf16 (not imported: torch)
 GRAD_REDUCE_BYTES = 4  # fp32 gradient reduction (reduce_dtype), as the trainer and torchtitan run it
 ACTIVATION_BYTES = 2  # bf16 activations between TP ranks
 TP_COLLECTIVES_PER_BLOCK = 4  # with sequence parallelism: AG + RS around attention, AG + RS around the MLP
@@ -98,6 +102,27 @@ def root_group_params(cfg: ModelConfig) -> int:
     return (1 if cfg.tie_embeddings else 2) * cfg.vocab_size * cfg.dim + cfg.dim
 
 
+def fp8_all_gather_applies(fp8_backend: str, torchao_recipe: str, fsdp_float8_all_gather: bool) -> bool:
+    """Whether FSDP all-gathers the Float8 linears' weights in FP8, as training.fp8.TorchaoFp8 decides: torchao
+    with tensorwise scaling and fp8.fsdp_float8_all_gather on (its default); rowwise scaling, TE and bf16 gather
+    bf16. `fp8_backend` is the one the run uses on its GPU ("none" on an A100)."""
+    return fp8_backend == "torchao" and torchao_recipe == "tensorwise" and fsdp_float8_all_gather
+
+
+def block_gather_bytes(cfg: ModelConfig, fp8_all_gather: bool) -> int:
+    """Bytes FSDP all-gathers for one whole block (before TP splits it): 2 B a parameter, 1 B for the weight of
+    each linear torchao converts (both dimensions multiples of 16: training.fp8.fp8_eligible) when FP8 all-gather
+    is on; the two norms stay bf16."""
+    kv_width = cfg.n_kv_heads * cfg.head_dim
+    linears = ((cfg.dim, cfg.dim), (cfg.dim, kv_width), (cfg.dim, kv_width), (cfg.dim, cfg.dim),  # wq wk wv wo
+               (cfg.dim, cfg.ffn_dim), (cfg.dim, cfg.ffn_dim), (cfg.ffn_dim, cfg.dim))  # w1 w3 w2
+    total = PARAM_GATHER_BYTES * (count_params(cfg) - root_group_params(cfg)) // cfg.n_layers
+    if not fp8_all_gather:
+        return total
+    fp8 = sum(a * b for a, b in linears if a % FP8_DIM_MULTIPLE == 0 and b % FP8_DIM_MULTIPLE == 0)
+    return total - (PARAM_GATHER_BYTES - FP8_GATHER_BYTES) * fp8
+
+
 def shared_busbw_share(ranks_per_node: int, gpus_per_node: int) -> float:
     """The part of a node's bus bandwidth one group gets when gpus_per_node / ranks_per_node groups share it."""
     return min(1.0, ranks_per_node / gpus_per_node)
@@ -115,6 +140,7 @@ def step_time(
     efficiency: float,
     recompute: str,
     reshard_after_forward: bool = True,
+    fp8_all_gather: bool = False,
 ) -> StepTime:
     """The step of `cfg` under `layout` on `layout.gpus // gpus_per_node` nodes of `instance`."""
     gpn = instance.gpu_count
@@ -138,7 +164,7 @@ def step_time(
     def sharded(kind: str, message_bytes: float) -> float:
         return _shared(network, kind, message_bytes, shard, shard_nodes, shard_share)
 
-    ag_s = sharded("all_gather", PARAM_GATHER_BYTES * block_params)
+    ag_s = sharded("all_gather", block_gather_bytes(cfg, fp8_all_gather) / tp)
     rs_s = sharded("reduce_scatter", GRAD_REDUCE_BYTES * block_params)
     # HSDP: replicas of a rank are on different nodes when a replica fills a node or more, else spread over all
     replica_nodes = replicas if shard * tp >= gpn else gpus // gpn
@@ -169,7 +195,8 @@ def step_time(
         f"{block_fwd_s * 1e3:.2f} ms, backward {block_bwd_s * 1e3:.2f} ms (recompute {recompute}); compute "
         f"{compute_mb_s * 1e3:.1f} ms",
         f"FSDP over {shard} ranks on {shard_nodes} node(s) ({'NVLink' if shard_nodes == 1 else 'EFA'}): block "
-        f"all-gather {ag_s * 1e3:.2f} ms, reduce-scatter {rs_s * 1e3:.2f} ms; exposed {fsdp_mb_s * 1e3:.1f} ms",
+        f"all-gather{' (FP8 linears)' if fp8_all_gather else ''} {ag_s * 1e3:.2f} ms, reduce-scatter "
+        f"{rs_s * 1e3:.2f} ms; exposed {fsdp_mb_s * 1e3:.1f} ms",
         f"HSDP all-reduce over {replicas} replicas on {replica_nodes} node(s): {ar_s * 1e3:.2f} ms a block; "
         f"exposed {replica_mb_s * 1e3:.1f} ms" if replicas > 1 else "no replicas: no gradient all-reduce",
         f"TP {tp} on NVLink: ({cfg.n_layers} blocks x {tp_ops} + {TP_ROOT_COLLECTIVES} outside them) collectives "

@@ -14,10 +14,12 @@ from clusterctl.plan import options as plan
 from clusterctl.plan.choose import COST_TIE_FRACTION, limit_reason
 from clusterctl.plan.explain import flops_explain, time_cost_explain
 from clusterctl.plan.fsx_cost import FsxCost
+from clusterctl.plan.layouts import Layout
 from clusterctl.plan.search import fsdp_step
 from clusterctl.plan.workload import Workload
 from clusterctl.render import format_table
 from training.shapes import count_params
+from training.young_daly import interval_line
 
 GIB = memory.GIB
 FEW_TOKENS = 1e6  # fewer is a few optimizer steps at most: likely a forgotten suffix (200 for 200B)
@@ -62,10 +64,16 @@ def lines(view: PlanView) -> list[str]:
     out += list(view.finetune)
     out += [f"{o.instance_type.name}: {o.problem}" for o in view.options if o.problem]
     out += [step_line(o, workload, view.global_batch_tokens) for o in view.options if o.viable and o.choice]
+    # each GPU saves its shard: the state over the GPUs of one replica (HSDP's replicas hold copies)
+    out += [interval_line(o.nodes, params, o.gpus // o.choice.layout.dp_replicate, o.choice.step.total_s)
+            for o in view.options if o.viable and o.choice and o.nodes]
     out += [f"{o.instance_type.name}: {o.days:,.1f} days even at {o.nodes} nodes ({limit_reason(o)})"
             for o in view.options if o.viable and not o.within_horizon]
     out += list(dict.fromkeys(f"MFU {o.instance_type.gpu_model} fp8 {o.fp8_backend}: {o.mfu.detail}"
                               for o in view.options))
+    if any("TP" in fits_from(o) for o in view.options):
+        out.append("FITS FROM (TP t): the fewest nodes fit as FSDP over the other GPUs x TP t inside a node (the "
+                   "layout with the least memory there); NODES and LAYOUT are where the plan runs it")
     if any(_mfu_scaled(o) for o in view.options):
         out.append("MFU FROM x3/4 (AC): activation checkpointing recomputes the forward, a third more work than the "
                    "model FLOPs count, so a figure without it is worth 3/4 with it (x4/3 the other way)")
@@ -146,13 +154,7 @@ def _why(view: PlanView) -> str:
 
 def _row(o: plan.Option) -> tuple[object, ...]:
     it = o.instance_type
-    without, with_ac = o.min_nodes_without_ac, o.min_nodes_with_ac
-    if with_ac is None:
-        fits = "-"
-    elif without == with_ac:
-        fits = str(without)
-    else:
-        fits = f"{with_ac} (AC)" + (f", {without} without" if without is not None else "")
+    fits = fits_from(o)
     fp8 = o.fp8_backend if it.supports_fp8 and o.fp8_backend != "none" else ("available" if it.supports_fp8 else "no")
     mem = o.memory
     days = _fmt(o.days, ",.1f" if (o.days or 0) >= 10 else ".2f")
@@ -176,6 +178,23 @@ def _row(o: plan.Option) -> tuple[object, ...]:
         _fmt(o.cost_usd, ",.0f", "$"),
         _fmt(o.usd_per_million_tokens, ",.2f" if (o.usd_per_million_tokens or 0) >= 1 else ".4f", "$"),
     )
+
+
+def fits_from(o: plan.Option) -> str:
+    """The FITS FROM cell: the fewest nodes some layout fits on, "(AC)" where only with activation checkpointing
+    (then from how many without), and "TP t" where that layout is FSDP x TP t rather than FSDP over every GPU."""
+    without, with_ac = o.min_nodes_without_ac, o.min_nodes_with_ac
+    if with_ac is None:
+        return "-"
+
+    def tags(layout: Layout | None, *first: str) -> str:
+        found = [*first, *([f"TP {layout.tp}"] if layout is not None and layout.tp > 1 else [])]
+        return f" ({', '.join(found)})" if found else ""
+
+    if without == with_ac:
+        return f"{without}{tags(o.fits_from_layout_without_ac)}"
+    return f"{with_ac}{tags(o.fits_from_layout_with_ac, 'AC')}" + (
+        f", {without}{tags(o.fits_from_layout_without_ac)} without" if without is not None else "")
 
 
 def _mfu_scaled(o: plan.Option) -> str:
@@ -205,4 +224,12 @@ def step_line(o: plan.Option, workload: Workload, global_batch_tokens: int) -> s
         return line + "; FSDP alone does not run or fit here"
     saved = 1 - step.total_s / fsdp.total_s
     return line + (f"; FSDP {layout.gpus} would take {fsdp.total_s:.2f} s a step "
-                   f"({fsdp.exposed_s:.2f} s exposed): {saved:.0%} {'saved' if saved >= 0 else 'more'}")
+                   f"({fsdp.exposed_s:.2f} s exposed): {percent(abs(saved))} {'saved' if saved >= 0 else 'more'}")
+
+
+def percent(fraction: float) -> str:
+    """A share as a percentage: one decimal under 10% (a 0.3% saving is not 0%), whole above; "<0.1%" for a
+    share that one decimal would still print as 0.0%."""
+    if 0 < fraction < 0.0005:
+        return "<0.1%"
+    return f"{fraction:.1%}" if fraction < 0.095 else f"{fraction:.0%}"

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster_aws.errors import EXIT_USAGE, ClusterctlError
+from clusterctl.plan.step_time import fp8_all_gather_applies
 from training.config import CONFIGS_DIR, TrainConfig, did_you_mean, load_config, packaged_config_names
 from training.config.sections import ModelConfig
 from training.errors import ConfigError
@@ -31,6 +32,9 @@ class Workload:
     fp8_backend: str  # "none", "torchao" or "te", as the config file has it
     fp8_recipe: str  # the backend's scaling recipe (torchao_recipe, te_recipe); "" with none
     compile: bool  # torch.compile per block, as the config file has it
+    # FSDP all-gathers the Float8 linears in FP8 (fp8.fsdp_float8_all_gather with torchao tensorwise), where the
+    # GPU runs the config's FP8 backend (clusterctl.plan.step_time.fp8_all_gather_applies)
+    fp8_all_gather: bool = False
     path: Path = Path()  # the file read, to read it again with the plan's --set items
     run_config: TrainConfig | None = field(default=None, compare=False)  # the config as read (with --seq-len ...)
     overrides: tuple[str, ...] = ()  # the --set items --seq-len and --micro-batch-size stand for
@@ -72,6 +76,7 @@ def load_workload(model: str, seq_len: int | None = None, micro_batch_size: int 
         fp8_backend=cfg.fp8.backend,
         fp8_recipe={"torchao": cfg.fp8.torchao_recipe, "te": cfg.fp8.te_recipe}.get(cfg.fp8.backend, ""),
         compile=cfg.parallel.compile,
+        fp8_all_gather=fp8_all_gather_applies(cfg.fp8.backend, cfg.fp8.torchao_recipe, cfg.fp8.fsdp_float8_all_gather),
         path=path,
         run_config=cfg,
         overrides=tuple(overrides),

@@ -31,6 +31,7 @@ from typing import Any
 from cluster_aws.errors import EXIT_STACK, ClusterctlError
 from cluster_aws.nodes import Node, list_nodes
 from cluster_aws.stack_outputs import StackOutputs
+from cluster_jobs.goodput import Goodput, job_goodput
 from cluster_jobs.table import ACTIVE_STATES, JobRecord, JobTable, parse_time
 from cluster_spec import metrics as cm
 from instance_catalog.instance_types import get_instance_type
@@ -84,6 +85,7 @@ class JobView:
     attempt_started_at: datetime.datetime | None = None  # a step record before this is an earlier attempt's
     resumed_from_step: int | None = None  # the checkpoint step this attempt resumed from; None: not reported yet
     resumed_from_tier: str | None = None  # its checkpoint tier: "local" or "durable"
+    goodput: Goodput | None = None  # the record's time since the submit by category (cluster_jobs/goodput.py)
 
 
 @dataclass(frozen=True)
@@ -294,10 +296,11 @@ def active_job(table: JobTable, cloudwatch: Any, cluster: str,
         return None, None
     if record.state not in ACTIVE_STATES:
         return None, EndedJob(record.job_id, record.state, parse_time(record.ended_at))
-    return with_record(job_view(cloudwatch, cluster, record.job_id, now), record), None
+    return with_record(job_view(cloudwatch, cluster, record.job_id, now), record, now), None
 
 
-def with_record(job: JobView, record: JobRecord) -> JobView:
+def with_record(job: JobView, record: JobRecord, now: datetime.datetime | None = None) -> JobView:
+    """`job` with its record's state, attempt and resume; with `now`, its goodput so far."""
     current = record.current
     return dataclasses.replace(
         job, state=record.state, attempt=record.attempt, restarts=record.restarts,
@@ -305,6 +308,7 @@ def with_record(job: JobView, record: JobRecord) -> JobView:
         attempt_started_at=parse_time(current.started_at) if current else None,
         resumed_from_step=current.resumed_from_step if current else None,
         resumed_from_tier=current.resumed_from_tier if current else None,
+        goodput=job_goodput(record, now) if now is not None else None,
     )
 
 

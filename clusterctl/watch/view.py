@@ -12,6 +12,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from cluster_jobs.goodput import summary_line
 from clusterctl.jobs import view as job_view
 from clusterctl.render import format_time, format_usd, terminal_safe
 from clusterctl.watch.collect import JOB_FROM_METRICS, ClusterView, JobView, NodeView
@@ -147,6 +148,8 @@ def _record_lines(job: JobView) -> list[str]:
     if job.state is None or job.attempt is None or job.max_job_restarts is None:
         return []
     lines = [job_view.attempt_summary(job.state, job.attempt, job.max_job_restarts)]
+    if job.goodput is not None:  # the record's time since the submit: how much of it trained
+        lines.append(summary_line(job.goodput))
     if job.reason:
         lines.append(f"reason: {job.reason}")
     if job.state == "restarting":

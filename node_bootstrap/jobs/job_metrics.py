@@ -38,6 +38,7 @@ TRAINER_METRICS = {
     "GradNorm": "None", "TokensPerSecond": "Count/Second", "TFLOPSPerGPU": "None", "MFU": "Percent",
     "StepTimeMax": "Seconds", "StepTimeMedian": "Seconds", "StepTimeMin": "Seconds", "StragglerRatio": "None",
     "SlowestRank": "None", "PeakMemoryGiB": "None", "ValidationLoss": "None", "ValidationPerplexity": "None",
+    "Goodput": "Percent",
 }
 # Also published per cluster (the alarms' fixed dimensions): training/metrics.py _EMF_CLUSTER_METRICS.
 CLUSTER_METRICS = ("TokensPerSecond", "MFU", "StragglerRatio")

@@ -1,5 +1,6 @@
 """What a job prints is untrusted input (issue 42): the one parser, with its schema, for every value the node
-reads from a job's output. The supervisor (its resume and phase records, the hang watch's steps), `status`
+reads from a job's output. The supervisor (its resume and phase records, the hang watch's steps and beats and the
+trainer's phase records: a phase started or ended, with its bound), `status`
 (the last step and loss, the held-out loss, the resume point, a commcheck's bus bandwidth, NCCL's network) and
 through them the job keeper, the job table and the operator's terminal read only what passes here.
 
@@ -20,7 +21,14 @@ import re
 from collections import Counter
 from typing import NamedTuple, Optional
 
-from node_bootstrap.job_contract import COMPILE_CACHE_STATES
+from node_bootstrap.job_contract import (
+    BEAT_EVENT,
+    COMPILE_CACHE_STATES,
+    MAX_PHASE_BOUND_SECONDS,
+    PHASE_EVENT,
+    PHASE_NAMES,
+    PHASE_STATES,
+)
 
 MAX_STEP = 10**12 - 1  # the export's step=N takes 12 digits (job_contract.EXPORT_OPTION_RE)
 MAX_LOSS = 1e6  # a cross-entropy loss is >= 0 and, for any vocabulary, far below this
@@ -212,6 +220,14 @@ class ResumeReport(NamedTuple):
     phases: dict[str, str]  # TRAINER_PHASES -> UTC time
 
 
+class PhaseReport(NamedTuple):
+    """A trainer's phase record (job_contract.PHASE_EVENT): a phase longer than a step started or ended."""
+
+    phase: str  # PHASE_NAMES
+    state: str  # PHASE_STATES
+    bound_s: Optional[float]  # the phase's own bound, > 0; None: the trainer knows none
+
+
 class BusbwReport(NamedTuple):
     busbw_gbps: Optional[float]
     size_bytes: Optional[int]
@@ -232,6 +248,29 @@ def resume_report(event: dict[str, object], rejected: Rejections) -> ResumeRepor
         compile_cache=checked_name(event.get("compile_cache"), "compileCache", rejected, COMPILE_CACHE_STATES),
         phases=checked_phases(event.get("phases"), rejected),
     )
+
+
+def phase_report(event: dict[str, object], rejected: Rejections) -> Optional[PhaseReport]:
+    """The phase record `event` as a PhaseReport; None, counted once as "phaseRecord", when any of its values
+    fails the schema (a known name, a known state, a bound in (0, MAX_PHASE_BOUND_SECONDS] or none): a record
+    half believed could start a phase that never ends."""
+    phase, state, bound = event.get("phase"), event.get("state"), event.get("bound_s")
+    if (event.get("event") == PHASE_EVENT and isinstance(phase, str) and phase in PHASE_NAMES
+            and isinstance(state, str) and state in PHASE_STATES
+            and (bound is None or (_is_number(bound) and 0 < bound <= MAX_PHASE_BOUND_SECONDS))):  # type: ignore[operator]
+        return PhaseReport(phase, state, None if bound is None else float(bound))  # type: ignore[arg-type]
+    rejected.add("phaseRecord")
+    return None
+
+
+def beat_report(event: dict[str, object], rejected: Rejections) -> Optional[int]:
+    """The step of the beat `event` (job_contract.BEAT_EVENT); None, counted as "beatRecord", when it is no int
+    in 0..MAX_STEP: a malformed beat is no progress."""
+    step = event.get("step")
+    if event.get("event") == BEAT_EVENT and _is_int(step) and 0 <= step <= MAX_STEP:  # type: ignore[operator]
+        return int(step)  # type: ignore[call-overload]
+    rejected.add("beatRecord")
+    return None
 
 
 def find_busbw(text: str, rejected: Optional[Rejections] = None) -> Optional[dict[str, object]]:

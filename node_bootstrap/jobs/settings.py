@@ -3,7 +3,12 @@
 import os
 from dataclasses import dataclass
 
-from node_bootstrap.config import DEFAULT_JOB_HANG_FLOOR_SECONDS, ConfigError, load_node_config
+from node_bootstrap.config import (
+    DEFAULT_JOB_HANG_FLOOR_SECONDS,
+    DEFAULT_JOB_STEP_HANG_FLOOR_SECONDS,
+    ConfigError,
+    load_node_config,
+)
 from node_bootstrap.jobs.errors import EXIT_USAGE, JobError
 from node_bootstrap.jobs.job_output import JOB_LINE_MAX_BYTES, JOB_LOG_MAX_BYTES
 
@@ -35,6 +40,8 @@ class JobSettings:
     start_timeout_s: float = 3600.0  # training.jobStartTimeoutSeconds: the same for the first step after a (re)start
     # training.jobHangFloorSeconds: the least a hang timeout learned from the step cadence can be (progress.py)
     hang_floor_s: float = float(DEFAULT_JOB_HANG_FLOOR_SECONDS)
+    # training.jobStepHangFloorSeconds: the same for the steps between a trainer's phase records (progress.py)
+    step_hang_floor_s: float = float(DEFAULT_JOB_STEP_HANG_FLOOR_SECONDS)
     # <scratch.mountPoint>/checkpoints: the local checkpoint tier's <root>/<job id> on the node's NVMe; "": none
     local_checkpoint_root: str = ""
     # <scratch.mountPoint>/jobs: each job's own scratch <root>/<job id>, its HOME and TMPDIR; "": none
@@ -73,6 +80,7 @@ def load_settings(root: str = "/", node_config: str = DEFAULT_NODE_CONFIG) -> Jo
         hang_timeout_s=float(training.job_hang_timeout_seconds),
         start_timeout_s=float(training.job_start_timeout_seconds),
         hang_floor_s=float(training.job_hang_floor_seconds),
+        step_hang_floor_s=float(training.job_step_hang_floor_seconds),
         local_checkpoint_root=os.path.join(under_root(root, config.scratch.mount_point), LOCAL_CHECKPOINTS),
         job_scratch_root=os.path.join(under_root(root, config.scratch.mount_point), JOB_SCRATCH),
         job_table_name=training.job_table_name,

@@ -112,7 +112,7 @@ class Supervisor:
         # values from the job's output that failed job_report's schema: dropped, counted in the status
         self.rejected = Rejections()
         self.watch = ProgressWatch(settings.hang_timeout_s, settings.start_timeout_s, floor_s=settings.hang_floor_s,
-                                   rejected=self.rejected) if watched else None
+                                   step_floor_s=settings.step_hang_floor_s, rejected=self.rejected) if watched else None
         # the job's output as kept in its log: lines and the whole log bounded (job_output.py)
         self.cap = OutputCap(settings.job_log_max_bytes, settings.job_line_max_bytes)
         # the trainer's step metrics as the node publishes them, from the job's EMF lines (job_metrics.py)

@@ -234,7 +234,7 @@ def test_one_dashboard_per_cluster_linked_from_the_outputs(stack):
     for wanted in ("GPU utilization per node", "GPU memory used per node", "GPU temperature per node",
                    "GPU power per node", "EFA throughput per node", "Tokens per second", "MFU", "Loss",
                    "Step time across ranks", "FSx for Lustre throughput", "FSx for Lustre free space",
-                   "Cost so far", "Validation loss"):
+                   "Cost so far", "Validation loss", "Goodput"):
         assert any(t.startswith(wanted) for t in titles), wanted
 
 
@@ -249,6 +249,14 @@ def test_the_validation_widget_graphs_the_held_out_loss_and_perplexity_of_this_c
     # what the trainer writes at a step that evaluated it, and only there
     assert {(ns, name) for ns, name, _ in produced["trainer"]} >= {("TrainingCluster", "ValidationLoss"),
                                                                   ("TrainingCluster", "ValidationPerplexity")}
+    assert unproduced(refs, everything(produced)) == []
+
+
+def test_the_goodput_widget_graphs_the_metric_the_trainer_writes_per_job(stack, produced):
+    refs = [r for r in dashboard_references(stack.template_json) if r.where.startswith("Goodput")]
+    assert {r.name for r in refs} == {"Goodput"}
+    assert all(r.dimensions == {"Cluster", "JobId"} and dict(r.filters) == {"Cluster": CLUSTER} for r in refs)
+    assert ("TrainingCluster", "Goodput", frozenset({"Cluster", "JobId"})) in produced["trainer"]
     assert unproduced(refs, everything(produced)) == []
 
 

@@ -38,6 +38,9 @@ def test_health_monitor_and_hang_detection_defaults_and_off():
     assert health.job_hang_floor_seconds == 120
     # with detection off the floor bounds nothing: any floor in range is accepted
     assert build_settings(jobHangTimeoutMinutes="0", jobHangFloorSeconds="600").health.job_hang_floor_seconds == 600
+    # the step cadence's floor with phase records: seconds, under the safety net
+    assert health.job_step_hang_floor_seconds == 20
+    assert build_settings(jobStepHangFloorSeconds="5").health.job_step_hang_floor_seconds == 5
 
 
 def test_job_keeper_restarts_default_and_range():
@@ -213,6 +216,11 @@ BAD_SETTINGS = [
     (
         {"jobHangTimeoutMinutes": "1", "jobHangFloorSeconds": "120"},
         "jobHangFloorSeconds=120: must be <= jobHangTimeoutMinutes=1 (60 s)",
+    ),
+    ({"jobStepHangFloorSeconds": "0"}, "jobStepHangFloorSeconds=0: must be an integer >= 1 and <= 86400"),
+    (
+        {"jobHangFloorSeconds": "60", "jobStepHangFloorSeconds": "90"},
+        "jobStepHangFloorSeconds=90: must be <= jobHangFloorSeconds=60",
     ),
     ({"maxJobRestarts": "101"}, "maxJobRestarts=101: must be an integer >= 0 and <= 100"),
     ({"maxJobRestarts": "-1"}, "maxJobRestarts=-1: must be an integer >= 0 and <= 100"),

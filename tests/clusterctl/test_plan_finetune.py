@@ -47,6 +47,7 @@ def test_finetune_sizes_the_schedule_for_2b_tokens_and_says_why(cli):
     assert reasons[4].startswith("  durable checkpoint every 381 steps: a tenth of the run (ours)")
     assert reasons[5].startswith("  validation: off: the config has no validation.path; add --set "
                                  "validation.path=DIR (held-out shards) --set validation.interval_steps=190 ")
+    assert reasons[5].endswith(" --set validation.windows=128")  # the same held-out set on any number of nodes
     assert reasons[6] == ("  lr schedule: peak 2.00e-05 after 114 warmup steps, cosine decay over steps 115-3815 to "
                           "0.00e+00; final lr 0.00e+00 at step 3815")
     sets = submit_line(result)
@@ -133,8 +134,9 @@ def test_a_refused_node_count_says_why_in_the_last_line(cli):
 
 
 def test_the_mfu_column_says_the_activation_checkpointing_factor(cli):
-    # 16 p5 hold llama3-70b only with activation checkpointing: 0.40 assumed without it, x 3/4 = 0.30 with it
-    result = cli("plan", "--model", "llama3-70b", "--tokens", "2B", "--nodes", "16", *P5)
+    # 16 p5 hold llama3-70b without TP only with activation checkpointing: 0.40 assumed without it, x 3/4 = 0.30
+    # with it (left to choose, the plan takes TP 8 without it there)
+    result = cli("plan", "--model", "llama3-70b", "--tokens", "2B", "--nodes", "16", "--layout", "tp=1", *P5)
     assert result.code == EXIT_OK, result.err
     row = result.lines[3].split()
     assert row[row.index("on") + 2:row.index("on") + 6] == ["0.30", "assumed", "x3/4", "(AC)"]

@@ -2,6 +2,7 @@
 weighs and refuses, and its figures against published multi-node runs (docs/benchmarks.md holds the same table)."""
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -67,8 +68,10 @@ def test_llama3_70b_goes_past_64_nodes_with_tp(cli):
     result = cli("plan", "--model", "llama3-70b", "--tokens", "1T", "--instance-types", "p5.48xlarge",
                  "--choose", "time")
     row = next(line for line in result.out.splitlines() if line.startswith("p5.48xlarge  "))
-    nodes = int(row.split()[6])
-    assert nodes > 64 and "TP" in row
+    cells = re.split(r"\s{2,}", row)  # the table's columns are two or more spaces apart
+    assert cells[3] == "3 (AC), 4 (TP 8) without"  # FITS FROM: the fewest nodes any layout fits on, and which
+    nodes = int(cells[4])
+    assert nodes > 64 and "TP" in cells[5]
     assert "--set parallel.tp=" in result.out and " days" in result.out
 
 

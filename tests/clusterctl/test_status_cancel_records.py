@@ -30,6 +30,7 @@ def test_status_shows_every_attempt_above_the_current_nodes_and_records_their_an
     a, b, c = cluster.instance_ids
     put_job(fakes, "running", attempts=two_attempts(cluster), reason=f"restarted: node {b} terminated")
     expect(ssm_stub, fakes, "status", JOB, {a: running(JOB, 140, 2.5), c: running(JOB, 139, 2.5)})
+    cli.now = datetime.datetime(2026, 11, 21, 0, 0, 0, tzinfo=datetime.UTC)  # 44:58 after the submit
     result = cli("status", JOB)
     assert result.code == EXIT_OK, result.err
     lines = result.lines
@@ -45,11 +46,14 @@ def test_status_shows_every_attempt_above_the_current_nodes_and_records_their_an
     assert lines[5].split() == ["2", "2", cluster.private_ips[0], "2026-11-20T23:48:00Z", "-", "140", "100",
                                 "local", "-", "-"]  # resumed from step 100 of the local checkpoint tier
     assert lines[6:8] == [f"attempt 1 nodes: {a}, {b}", f"attempt 2 nodes: {a}, {c}"]
-    assert lines[8] == ""
-    assert lines[9].split()[0] == "INSTANCE"
-    assert [line.split()[:6] for line in lines[10:12]] == [[a, "running", "-", "140", "2.5", "Libfabric/efa"],
+    # cluster_jobs/goodput.py: 8 of the 44:58 (2,698 s) waited for new nodes between the attempts
+    assert lines[8].startswith("goodput ") and " of 0:44:58 (" in lines[8]
+    assert "waiting for nodes 17.8%" in lines[8]  # 480 / 2698
+    assert lines[9] == ""
+    assert lines[10].split()[0] == "INSTANCE"
+    assert [line.split()[:6] for line in lines[11:13]] == [[a, "running", "-", "140", "2.5", "Libfabric/efa"],
                                                            [c, "running", "-", "139", "2.5", "Libfabric/efa"]]
-    assert lines[12] == "attempt 2's nodes: running (2 nodes)"
+    assert lines[13] == "attempt 2's nodes: running (2 nodes)"
 
     record = fakes.job_table().get(JOB)
     assert record.current.step_reached == 140 and record.attempts[0].node_reports == []

@@ -95,6 +95,13 @@ def test_a_lost_rendezvous_node_is_replaced_and_the_job_resumes_bit_exact(drill,
     assert (status["state"], status["nodesState"]) == ("succeeded", "succeeded"), status
     assert sorted(n["instance_id"] for n in status["nodes"]) == sorted(second.nodes)
     assert [a["steps_lost"] for a in status["record"]["attempts"]] == [steps_lost, None]
+    # goodput (cluster_jobs/goodput.py): every second since the submit in one category, from this record
+    goodput = status["record"]["goodput"]
+    seconds = goodput["seconds"]
+    assert sum(seconds.values()) == pytest.approx(goodput["wall_s"], rel=0.01), goodput
+    assert min(seconds.values()) >= 0 and seconds["productive"] > 0 and seconds["restart"] > 0, goodput
+    assert (seconds["lost_progress"] > 0) == (steps_lost > 0), goodput
+    print("keeper drill goodput: " + json.dumps(goodput))
     listed = drill.clusterctl_json("jobs")
     assert listed["activeJobId"] is None
     assert [(j["job_id"], j["state"], j["attempt"]) for j in listed["jobs"]] == [(job_id, "succeeded", 2)]

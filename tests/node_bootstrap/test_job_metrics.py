@@ -21,7 +21,7 @@ FORGED = {"_aws": {"Timestamp": 1764000000000, "CloudWatchMetrics": [
     "AutoScalingGroupName": "TrainingClusterStack-nodes", "NodeUnhealthy": 1}
 STEP_RECORD = {"event": "step", "step": 40, "loss": 2.5, "lr": 3e-4, "grad_norm": 1.0, "tokens_per_s": 5000.0,
                "tflops": 300.0, "mfu": 0.4, "step_time_s_max": 1.2, "step_time_s_min": 1.0, "slowest_rank": 3,
-               "mem_gib": 60.0, "run_steps": 100, "step_time_s_median": 1.1}
+               "mem_gib": 60.0, "run_steps": 100, "step_time_s_median": 1.1, "goodput_pct": 87.5}
 
 
 def as_agent_sees(line: str) -> bool:

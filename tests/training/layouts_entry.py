@@ -15,7 +15,14 @@ same process group, and prints what the test compares (tests/training/test_layou
 5) under TP 2 x FSDP 2: the Hugging Face model in HF_DIR imported with the trainer's load (each rank asks DCP
    for its own slices): whether each parameter, gathered, equals the file's tensor and each rank holds a
    quarter of each matrix; the logits (saved to ROOT/hf-logits.pt) and loss on ROOT/hf-tokens.pt's tokens; the
-   imported state saved as ROOT/hf/step-0 for the test to export.
+   imported state saved as ROOT/hf/step-0 for the test to export;
+6) the held-out loss ([validation], on ROOT/held-out) after the FSDP 4, HSDP 2 x 2, TP 2 x FSDP 2 and TP 2 x
+   HSDP 2 x 1 runs, each with its own micro-batch, and the windows its ranks scored; and in 4), the checkpoint
+   the resume loads is the one a stop saves (a real SIGTERM on rank 1 alone, agreed by every rank at the step
+   boundary: training.faults);
+7) the local checkpoint tier under HSDP 2 x 2 with two ranks per "node" (ROOT/local/node0, node1: one replica
+   group each): where a shard's twin in the other replica group saved the same state, no replica is sent; the
+   node of ranks 2-3 is then lost, and a resume loads them from their twins' shards on node 0.
 
 Rank 0 prints one JSON line, ``{"layouts": ..., "resumed": ...}``. Run by the test through run_ranks (each rank
 forked from a process with the trainer imported), with one node of 4 ranks: a tp group must fit a node.
@@ -26,6 +33,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
+import signal
 import sys
 
 import torch
@@ -33,9 +42,14 @@ import torch.distributed as dist
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
 from training.checkpoint.checkpointer import Checkpointer
+from training.checkpoint.local_layout import inventory, read_shard_info, shard_dir
+from training.checkpoint.local_resume import choose_local_resume, load_local
+from training.checkpoint.local_tier import LocalCheckpointer, localize
+from training.checkpoint.state import build_state, iter_leaves
 from training.config import load_config
 from training.data.batches import build_batch_source
 from training.errors import ConfigError
+from training.faults import StopRequest
 from training.fp8 import build_fp8_backend
 from training.hf.load import load_hf_weights, resolve_init_model
 from training.hf.names import to_hf
@@ -46,6 +60,7 @@ from training.parallel.process_group import init_distributed
 from training.parallel.tp import maybe_loss_parallel
 from training.step import clip_grad_norm_, forward_backward
 from training.train import build_model
+from training.validation import build_validator
 
 STEPS = 20
 SAVE_AT = 10
@@ -59,6 +74,9 @@ LAYOUTS = {"FSDP 4": (1, 4, 1), "HSDP 2 x 2": (2, 2, 1), "TP 2 x FSDP 2": (1, 2,
 # passes)
 MICRO_BATCH = {"TP 2 x HSDP 2 x 1": 4}
 RESUMED_MICRO_BATCH = {"TP 2 x FSDP 2": 4}
+VALIDATED = ("FSDP 4", "HSDP 2 x 2", "TP 2 x FSDP 2", "TP 2 x HSDP 2 x 1")
+HELD_OUT_WINDOWS = 15  # validation.windows: divides over neither 4 nor 2 data-parallel ranks, so ranks pad
+RANKS_PER_NODE = 2  # 7): the local tier's "nodes" (ranks 0-1 and 2-3), one HSDP replica group on each
 OVERRIDES = [
     "model.preset=tiny", "model.n_layers=1", "run.seq_len=16", "run.micro_batch_size=2", "run.global_batch_tokens=128",
     "parallel.param_dtype=float32", "optim.lr=3e-3", "optim.warmup_steps=2", f"run.steps={STEPS}",
@@ -73,7 +91,8 @@ def main(checkpoint_root: str, hf_dir: str) -> None:
     losses, resumed = {}, {}
     for name, degrees in LAYOUTS.items():
         losses[name] = train_steps(base, info, degrees, save_at=SAVE_AT if name == "FSDP 4" else None,
-                                   micro_batch_size=MICRO_BATCH.get(name))
+                                   micro_batch_size=MICRO_BATCH.get(name),
+                                   then=_held_out_loss(checkpoint_root) if name in VALIDATED else None)
     saved = os.path.join(checkpoint_root, f"step-{SAVE_AT}")
     for name in ("HSDP 2 x 2", "TP 2 x FSDP 2"):
         resumed[name] = train_steps(base, info, LAYOUTS[name], load_from=saved,
@@ -83,8 +102,10 @@ def main(checkpoint_root: str, hf_dir: str) -> None:
     tied = {name: train_steps(tied_cfg, info, LAYOUTS[name]) for name in ("FSDP 4", "TP 2 x FSDP 2")}
     fp8 = fp8_checkpointed_resume(checkpoint_root, info)
     hf = hf_import(checkpoint_root, hf_dir, info)
+    twins = local_tier_under_hsdp(checkpoint_root, base, info)
     if info.rank == 0:
-        print(json.dumps({"layouts": losses, "resumed": resumed, "tied": tied, "fp8": fp8, "hf": hf}), flush=True)
+        print(json.dumps({"layouts": losses, "resumed": resumed, "tied": tied, "fp8": fp8, "hf": hf,
+                          "local_twins": twins}), flush=True)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -97,7 +118,8 @@ def fp8_checkpointed_resume(root, info):
                              "checkpoint.async_save=false", "fp8.backend=torchao", "fp8.emulate=true",
                              "fp8.torchao_recipe=rowwise", "parallel.activation_checkpointing=true",
                              "run.micro_batch_size=4"])
-    straight = train_steps(cfg, info, TP_FSDP, save_at=FP8_SAVE_AT)
+    straight = train_steps(cfg, info, TP_FSDP)
+    stopped = train_steps(cfg, info, TP_FSDP, sigterm_after=FP8_SAVE_AT)  # the stop's save is what resumes
     resumed = train_steps(cfg, info, TP_FSDP, load_from=os.path.join(cfg.checkpoint.dir, f"step-{FP8_SAVE_AT}"))
     tensorwise = dataclasses.replace(cfg, fp8=dataclasses.replace(cfg.fp8, torchao_recipe="tensorwise"))
     try:
@@ -105,7 +127,7 @@ def fp8_checkpointed_resume(root, info):
         refused = None
     except ConfigError as exc:
         refused = str(exc)
-    return {"straight": straight, "resumed": resumed, "tensorwise_refused": refused}
+    return {"straight": straight, "stopped": stopped, "resumed": resumed, "tensorwise_refused": refused}
 
 
 def hf_import(root, hf_dir, info):
@@ -146,10 +168,13 @@ def hf_import(root, hf_dir, info):
             "tied": model.output.weight is model.tok_embeddings.weight}
 
 
-def train_steps(base, info, degrees, *, save_at=None, load_from=None, micro_batch_size=None):
+def train_steps(base, info, degrees, *, save_at=None, load_from=None, micro_batch_size=None, sigterm_after=None,
+                then=None):
     """The trainer's step (forward_backward, clip, AdamW, the FP8 backend's hook) under ``degrees``; the mean
     loss of each step, and with ``load_from`` also whether the loaded parameters equal those saved
-    (``exact``)."""
+    (``exact``). ``sigterm_after``: rank 1 alone gets a SIGTERM after that many steps, and the loop stops
+    and saves as train.py's does (``stopped_at``). ``then(model, optimizer, cfg, layout_info)``: called after
+    the steps, its value kept as ``then``."""
     dp_replicate, dp_shard, tp = degrees
     cfg = dataclasses.replace(base, parallel=dataclasses.replace(base.parallel, dp_replicate=dp_replicate,
                                                                  dp_shard=dp_shard, tp=tp))
@@ -176,6 +201,7 @@ def train_steps(base, info, degrees, *, save_at=None, load_from=None, micro_batc
     source = build_batch_source(cfg.data, seq_len=cfg.run.seq_len, vocab_size=cfg.model.vocab_size,
                                 seed=cfg.run.seed, dp_rank=layout_info.dp_rank, dp_world_size=layout.dp_size,
                                 micro_batch_size=cfg.run.micro_batch_size, grad_accum_steps=accum)
+    stop = StopRequest().install()
     for step in range(start, cfg.run.steps):
         apply_lr(optimizer, lr_at(step, cfg.optim, cfg.run.steps))
         batches = [source.get(step, micro) for micro in range(accum)]
@@ -186,13 +212,103 @@ def train_steps(base, info, degrees, *, save_at=None, load_from=None, micro_batc
         fp8.post_optimizer_step(model)
         dist.all_reduce(loss)  # the step record's mean over every rank (each sample counted once per tp rank)
         result["losses"].append(loss.item() / info.world_size)
+        if sigterm_after == step + 1 and info.rank == 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler only sets the flag, as in a real stop
+        if stop.agreed():  # train.py's step boundary: every rank learns it, saves and stops
+            result["stopped_at"] = step + 1
+            _save(checkpointer, step + 1, model, optimizer, cfg, info)
+            break
         if save_at == step + 1:
-            checkpointer.save(step + 1, model, optimizer, blocking=True)
-            full = {n: p.full_tensor() for n, p in model.named_parameters()}  # collective: every rank
-            if info.rank == 0:
-                torch.save(full, os.path.join(cfg.checkpoint.dir, "full-params.pt"))
+            _save(checkpointer, step + 1, model, optimizer, cfg, info)
+    stop.uninstall()
+    if then is not None:
+        result["then"] = then(model, optimizer, cfg, layout_info)
     checkpointer.close()
     return result
+
+
+def _save(checkpointer, step, model, optimizer, cfg, info) -> None:
+    checkpointer.save(step, model, optimizer, blocking=True)
+    full = {n: p.full_tensor() for n, p in model.named_parameters()}  # collective: every rank
+    if info.rank == 0:
+        torch.save(full, os.path.join(cfg.checkpoint.dir, "full-params.pt"))
+
+
+def _held_out_loss(root):
+    """6) A ``then`` for train_steps: the held-out loss of the trained weights, evaluated as train.py does, with
+    the layout's own run.micro_batch_size (4 under TP 2 x HSDP 2 x 1, 2 elsewhere): the held-out set is
+    validation.windows whatever the layout (training/validation.py). Also the distinct windows (their numbers in
+    the held-out stream) the ranks scored and how many they scored, each tp group's once."""
+    def evaluate(model, optimizer, cfg, layout_info):
+        layout = layout_info.layout
+        cfg = dataclasses.replace(cfg, validation=dataclasses.replace(
+            cfg.validation, path=os.path.join(root, "held-out"), windows=HELD_OUT_WINDOWS))
+        validator = build_validator(cfg, rank=layout_info.dp_rank, world_size=layout.dp_size,
+                                    gather_size=layout_info.world_size, loss_parallel=layout.tp > 1)
+        every_rank = _gathered(validator.scored_windows)
+        return {"loss": validator.evaluate(model, step=cfg.run.steps, device=layout_info.device).loss,
+                "windows": sorted({window for windows in every_rank for window in windows}),
+                "scored": sum(len(windows) for windows in every_rank) // layout.tp}
+    return evaluate
+
+
+def local_tier_under_hsdp(root, base, info):
+    """7) The local tier under HSDP 2 x 2 on two "nodes" of two ranks (see the module docstring)."""
+    node_dir = os.path.join(root, "local", f"node{info.rank // RANKS_PER_NODE}")
+    hsdp = LAYOUTS["HSDP 2 x 2"]
+    saved = {}
+
+    def tier():
+        cfg = load_config(None, [f"checkpoint.local_dir={node_dir}", "checkpoint.local_interval_steps=2"])
+        return LocalCheckpointer(cfg.checkpoint, rank=info.rank, world_size=info.world_size,
+                                 local_world_size=RANKS_PER_NODE, device=info.device,
+                                 layout=dict(zip(("dp_replicate", "dp_shard", "tp"), hsdp, strict=True)))
+
+    def save(model, optimizer, cfg, layout_info):
+        local = tier()
+        local.save(2, model, optimizer)
+        local.wait()
+        local.close()
+        saved["state"] = _cloned(localize(build_state(model, optimizer)))
+        return {"counted": local.counted,
+                "held": {step: sorted(shards) for step, shards in inventory(node_dir).items()},
+                "same_state_as": list(read_shard_info(shard_dir(node_dir, 2, info.rank)).same_state_as)}
+
+    def resume(model, optimizer, cfg, layout_info):
+        local = tier()
+        choice = choose_local_resume(local, not_older_than=0)
+        load_local(choice, model, optimizer)
+        local.close()
+        exact = _same_leaves(localize(build_state(model, optimizer)), saved["state"])
+        return {"step": choice.step, "fetched": choice.fetched, "exact": _on_every_rank(exact),
+                "path": os.path.relpath(choice.path, os.path.join(root, "local"))}
+
+    two_steps = dataclasses.replace(base, run=dataclasses.replace(base.run, steps=2))
+    saving = train_steps(two_steps, info, hsdp, then=save)["then"]
+    dist.barrier()
+    if info.rank == RANKS_PER_NODE:  # node 1 is lost: its replacement starts with an empty local directory
+        shutil.rmtree(node_dir)
+    dist.barrier()
+    other_start = dataclasses.replace(two_steps, run=dataclasses.replace(two_steps.run, steps=0, seed=7))
+    resumed = train_steps(other_start, info, hsdp, then=resume)["then"]
+    return _gathered({"saved": saving, "resumed": resumed})
+
+
+def _cloned(tree):
+    return {key: value.clone() if isinstance(value, torch.Tensor) else value for key, value in iter_leaves(tree)}
+
+
+def _same_leaves(tree, saved) -> bool:
+    leaves = dict(iter_leaves(tree))
+    return leaves.keys() == saved.keys() and all(
+        torch.equal(value, saved[key]) if isinstance(value, torch.Tensor) else value == saved[key]
+        for key, value in leaves.items())
+
+
+def _gathered(value):
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
 
 
 def _equals_saved(model, path) -> bool:

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.autograd.graph import saved_tensors_hooks
 
-from training.loss import cross_entropy_loss, fused_linear_cross_entropy
+from training.loss import IGNORE_INDEX, cross_entropy_loss, fused_linear_cross_entropy
 from training.model import Transformer, build_model_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -95,6 +95,20 @@ def test_without_autograd_only_the_loss_is_computed():
     torch.testing.assert_close(loss, full_logits(h, weight, targets).detach(), rtol=1e-5, atol=1e-7)
     with pytest.raises(ValueError, match="chunk_tokens=0: allowed: an integer >= 1"):
         fused_linear_cross_entropy(h, weight, targets, 0)
+
+
+def test_without_autograd_ignored_targets_count_nowhere_as_on_the_full_logits():
+    # an evaluation's padding rows (training.validation): the mean is over the other tokens, on both paths
+    h, weight, targets = inputs(37, 16, 50)
+    ignored = targets.clone()
+    ignored[5:17] = IGNORE_INDEX
+    with torch.no_grad():
+        loss = fused_linear_cross_entropy(h, weight, ignored, 8)
+        kept = full_logits(h[targets == ignored], weight, targets[targets == ignored])
+        torch.testing.assert_close(full_logits(h, weight, ignored), kept, rtol=1e-6, atol=0)
+        everything = full_logits(h, weight, targets)
+    torch.testing.assert_close(loss, kept, rtol=1e-5, atol=1e-7)
+    assert abs(float(loss) - float(everything)) > 1e-4  # the ignored rows did count before
 
 
 def saved_numels(fn) -> list[int]:

@@ -128,7 +128,15 @@ def test_the_embedded_default_trains_as_one_process_without_torchrun(tmp_path):
     proc = run_cli("--set", "run.steps=20", "--set", "run.log_interval_steps=10",
                    "--set", f"checkpoint.dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr
-    resume, *records = [json.loads(line) for line in proc.stdout.splitlines()]
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    # the phase records for the node's hang watch (training/phases.py): the load (a fresh start's too), the final
+    # blocking save, and the close that waits for any save still being written
+    assert [(r["phase"], r["state"]) for r in lines if r["event"] == "phase"] == [
+        ("checkpoint_load", "start"), ("checkpoint_load", "end"), ("checkpoint_save", "start"),
+        ("checkpoint_save", "end"), ("checkpoint_save", "start"), ("checkpoint_save", "end")]
+    # a beat after every step that printed no step line: the hang watch learns the cadence of single steps
+    assert [r["step"] for r in lines if r["event"] == "beat"] == [*range(2, 10), *range(11, 20)]
+    resume, *records = [r for r in lines if r["event"] not in ("phase", "beat")]
     # first the resume line (the jobs launcher's resumedFromStep): an empty checkpoint.dir, a fresh start; with
     # the times of the start's phases, and the first step line with the rest (the restart timeline)
     assert set(resume.pop("phases")) == {"rendezvous_done", "checkpoint_loaded"}
@@ -167,7 +175,8 @@ def test_the_default_config_trains_on_byte_shards_from_prepare(tmp_path):
                    "--set", "run.log_interval_steps=10", "--set", f"checkpoint.dir={tmp_path / 'ckpt'}",
                    "--set", "export.hf_dir=hf")
     assert proc.returncode == 0, proc.stderr  # the tiny preset's vocabulary (320) holds the byte ids (257)
-    resume, *records = [json.loads(line) for line in proc.stdout.splitlines() if '"event": "export"' not in line]
+    # not the export's line, nor the hang watch's phases and beats
+    resume, *records = [r for r in map(json.loads, proc.stdout.splitlines()) if r["event"] in ("resume", "step")]
     resume.pop("phases")  # their times: test_the_embedded_default_trains_as_one_process_without_torchrun
     assert resume == {"event": "resume", "step": 0, "path": None}
     assert [(r["event"], r["step"]) for r in records] == [("step", 1), ("step", 10)]

@@ -19,7 +19,7 @@ from training.config.sections import DataConfig, Fp8Config, ModelConfig, Validat
 from training.data.shards import ShardWriter
 from training.errors import ConfigError
 from training.fp8 import build_fp8_backend
-from training.loss import cross_entropy_loss
+from training.loss import IGNORE_INDEX, cross_entropy_loss
 from training.metrics import MetricsConfig, MetricsLogger, ThroughputModel
 from training.train import build_model
 from training.validation import ValidationResult, Validator, build_validator, open_validation_shards
@@ -44,26 +44,42 @@ def held_out(tmp_path_factory):
 
 
 # ----- settings ---------------------------------------------------------------------------------------------
-def test_validation_is_off_by_default_and_on_with_all_three_settings(held_out):
+def test_validation_is_off_by_default_and_on_with_a_path_an_interval_and_a_size(held_out):
     assert not load_config(None).validation.enabled
     cfg = load_config(None, [f"validation.path={held_out}", "validation.interval_steps=50",
-                             "validation.batches=4"])
-    assert cfg.validation == ValidationConfig(path=str(held_out), interval_steps=50, batches=4)
-    assert cfg.validation.enabled and cfg.to_dict()["validation"]["batches"] == 4
+                             "validation.windows=12"])
+    assert cfg.validation == ValidationConfig(path=str(held_out), interval_steps=50, windows=12)
+    assert cfg.validation.enabled and cfg.to_dict()["validation"]["windows"] == 12
+    assert cfg.validation.num_windows(micro_batch_size=4) == 12  # the micro-batch does not size the set
+    # the older spelling stays valid (a job submitted with it keeps running): batches x run.micro_batch_size
+    older = load_config(None, [f"validation.path={held_out}", "validation.interval_steps=50",
+                               "validation.batches=4"]).validation
+    assert older.windows == 0 and older.num_windows(micro_batch_size=3) == 12
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    (["validation.path=/fsx/data/held-out", "validation.batches=4"],
+    (["validation.path=/fsx/data/held-out", "validation.windows=4"],
      "validation.interval_steps=0: allowed: an integer >= 1 (with validation.path set)"),
-    (["validation.path=/fsx/data/held-out", "validation.interval_steps=-5", "validation.batches=4"],
+    (["validation.path=/fsx/data/held-out", "validation.interval_steps=-5", "validation.windows=4"],
      "validation.interval_steps=-5: allowed: an integer >= 1 (with validation.path set)"),
-    (["validation.path=/fsx/data/held-out", "validation.interval_steps=50", "validation.batches=0"],
-     "validation.batches=0: allowed: an integer >= 1 (with validation.path set)"),
+    (["validation.path=/fsx/data/held-out", "validation.interval_steps=50"],
+     "validation.windows=0, validation.batches=0: allowed: one of them >= 1 (with validation.path set), the "
+     "other 0"),
+    (["validation.path=/fsx/data/held-out", "validation.interval_steps=50", "validation.windows=8",
+      "validation.batches=2"],
+     "validation.windows=8, validation.batches=2: allowed: one of them >= 1 (with validation.path set), the "
+     "other 0"),
+    (["validation.path=/fsx/data/held-out", "validation.interval_steps=50", "validation.windows=-3"],
+     "validation.windows=-3: allowed: an integer >= 1 (with validation.path set), or 0"),
     (["validation.interval_steps=50"],
      "validation.path='': allowed: a held-out shard directory (with index.json) when validation.interval_steps "
      "is set (50)"),
+    (["validation.windows=16"],
+     "validation.path='': allowed: a held-out shard directory (with index.json) when validation.windows is set "
+     "(16)"),
     (["validation.batches=2.5"], "validation.batches=2.5: allowed: an integer"),
-    (["validation.every=5"], "validation.every: unknown key; allowed: path, interval_steps, batches, at_start"),
+    (["validation.every=5"],
+     "validation.every: unknown key; allowed: path, interval_steps, windows, batches, at_start"),
 ])
 def test_bad_settings_are_one_line_naming_the_field(overrides, message):
     # load_config is what clusterctl submit runs offline, without torch: these fail before anything is sent
@@ -73,51 +89,97 @@ def test_bad_settings_are_one_line_naming_the_field(overrides, message):
 
 
 # ----- the held-out set -------------------------------------------------------------------------------------
-def validator(path, *, rank=0, world_size=2, batches=3, micro_batch_size=2, seq_len=32):
-    cfg = ValidationConfig(path=str(path), interval_steps=10, batches=batches)
+def validator(path, *, rank=0, world_size=2, windows=6, batches=0, micro_batch_size=2, seq_len=32,
+              loss_chunk_tokens=0):
+    """Data-parallel rank ``rank`` of ``world_size``, in this one process: it gathers over itself alone."""
+    cfg = ValidationConfig(path=str(path), interval_steps=10, windows=0 if batches else windows, batches=batches)
     shards = open_validation_shards(cfg, vocab_size=320, data=DataConfig())
     return Validator(cfg, shards, seq_len=seq_len, micro_batch_size=micro_batch_size, rank=rank,
-                     world_size=world_size)
+                     world_size=world_size, loss_chunk_tokens=loss_chunk_tokens, gather_size=1)
 
 
-def window_numbers(v: Validator, seq_len=32) -> list[int]:
-    """The stream windows of a validator's batches: the token at position p < 1000 is p % 251, so a window's
-    first token names it (32 w mod 251 differs for every w < 251)."""
+def window_number(row: torch.Tensor, seq_len=32) -> int:
+    """The stream window a row holds: the token at position p < 1000 is p % 251, so a window's first token
+    names it (32 w mod 251 differs for every w < 251)."""
+    (window,) = [w for w in range(31) if w * seq_len % 251 == int(row[0])]
+    assert np.array_equal(row.numpy(), np.arange(window * seq_len, (window + 1) * seq_len) % 251)
+    return window
+
+
+def scored_windows(v: Validator) -> list[int]:
+    """The windows a validator scores, batch by batch: the rows whose targets count; the others are padding
+    (IGNORE_INDEX targets throughout) and hold a window of the set."""
     found = []
-    for inputs, targets in v.batches:
-        assert torch.equal(inputs[:, 1:], targets[:, :-1])
-        for row in inputs:
-            (window,) = [w for w in range(31) if w * seq_len % 251 == int(row[0])]
-            assert np.array_equal(row.numpy(), np.arange(window * seq_len, (window + 1) * seq_len) % 251)
-            found.append(window)
+    for (inputs, targets), scored in zip(v.batches, v.scored, strict=True):
+        assert inputs.shape == targets.shape
+        for i, row in enumerate(inputs):
+            window = window_number(row)
+            if i < scored:
+                assert torch.equal(row[1:], targets[i, :-1]) and int(targets[i, -1]) == (window + 1) * 32 % 251
+                found.append(window)
+            else:
+                assert bool((targets[i] == IGNORE_INDEX).all())
+    assert found == v.scored_windows
     return found
 
 
 def test_the_ranks_read_disjoint_parts_of_one_fixed_set_spread_over_the_stream(held_out):
-    rank0, rank1 = validator(held_out, rank=0), validator(held_out, rank=1)
-    assert len(rank0.batches) == 3 and rank0.batches[0][0].shape == (2, 32)
-    a, b = window_numbers(rank0), window_numbers(rank1)
+    rank0, rank1 = validator(held_out, rank=0, windows=12), validator(held_out, rank=1, windows=12)
+    assert len(rank0.batches) == 3 and rank0.batches[0][0].shape == (2, 32) and rank0.scored == [2, 2, 2]
+    a, b = scored_windows(rank0), scored_windows(rank1)
     assert len(set(a)) == len(set(b)) == 6 and not set(a) & set(b)
-    assert window_numbers(validator(held_out, rank=0)) == a  # built again: the same windows
+    assert scored_windows(validator(held_out, rank=0, windows=12)) == a  # built again: the same windows
     assert max(a + b) > 12  # not just the stream's first 12 windows: spread over all 31
-    # one rank alone reads the same set as the two together (world size 1, twice the batches)
-    assert set(window_numbers(validator(held_out, world_size=1, batches=6))) == set(a) | set(b)
+    # one rank alone reads the same set as the two together
+    assert sorted(scored_windows(validator(held_out, world_size=1, windows=12))) == sorted(a + b)
 
 
-def test_a_set_larger_than_the_held_out_stream_names_batches(held_out):
+@pytest.mark.parametrize("micro_batch_size", [1, 2, 4])
+def test_the_set_is_the_same_windows_whatever_the_ranks_each_scored_once(held_out, micro_batch_size):
+    # 13 windows divide over none of 2-5 ranks: the ranks short of a window pad their last micro-batch (or run
+    # one of padding alone) so that every rank runs as many forwards of one shape, as FSDP's gathers need
+    alone = scored_windows(validator(held_out, world_size=1, windows=13, micro_batch_size=micro_batch_size))
+    assert len(set(alone)) == 13
+    for world_size in (2, 3, 4, 5, 16):
+        ranks = [validator(held_out, rank=r, world_size=world_size, windows=13, micro_batch_size=micro_batch_size)
+                 for r in range(world_size)]
+        scored = [w for v in ranks for w in scored_windows(v)]
+        assert sorted(scored) == sorted(alone), world_size  # the same windows, none twice, none left out
+        assert len({(len(v.batches), v.batches[0][0].shape) for v in ranks}) == 1, world_size
+        assert sum(sum(v.scored) for v in ranks) == 13
+    assert [v.scored for v in (validator(held_out, rank=r, world_size=16, windows=13) for r in (12, 13))] == [
+        [1], [0]]  # more ranks than windows: rank 13 runs one forward of padding alone and scores nothing
+
+
+def test_batches_is_the_set_one_rank_scored_before_windows(held_out):
+    # validation.batches=3 at micro-batch 2: the 6 windows one process scored, in the same micro-batches
+    older = validator(held_out, world_size=1, batches=3)
+    assert scored_windows(older) == scored_windows(validator(held_out, world_size=1, windows=6))
+    assert [len(x) for x, _ in older.batches] == [2, 2, 2]
+    # on 2 ranks the set no longer doubles: 3 x 2 windows in all, not 3 x 2 x 2
+    two = [validator(held_out, rank=r, world_size=2, batches=3) for r in (0, 1)]
+    assert sorted(w for v in two for w in scored_windows(v)) == sorted(scored_windows(older))
+
+
+def test_a_set_larger_than_the_held_out_stream_names_its_setting(held_out):
     with pytest.raises(ConfigError) as caught:
-        validator(held_out, batches=8)
+        validator(held_out, windows=32)
     assert str(caught.value) == (
-        f"validation.batches=8: needs 8 x run.micro_batch_size 2 x 2 ranks = 32 windows of run.seq_len + 1 = 33 "
-        f"tokens; validation.path={str(held_out)!r} holds 31; allowed: at most 7")
+        f"validation.windows=32: needs 32 windows of run.seq_len + 1 = 33 tokens; validation.path="
+        f"{str(held_out)!r} holds 31; allowed: at most 31")
+    with pytest.raises(ConfigError) as caught:
+        validator(held_out, batches=16)
+    assert str(caught.value) == (
+        f"validation.batches=16: needs 16 x run.micro_batch_size 2 = 32 windows of run.seq_len + 1 = 33 tokens; "
+        f"validation.path={str(held_out)!r} holds 31; allowed: at most 15")
 
 
 def test_held_out_shards_that_do_not_fit_the_model_or_the_training_data(held_out, tmp_path):
-    cfg = ValidationConfig(path=str(tmp_path / "missing"), interval_steps=10, batches=1)
+    cfg = ValidationConfig(path=str(tmp_path / "missing"), interval_steps=10, windows=1)
     with pytest.raises(ConfigError, match=r"^validation.path='.*missing': not a usable shard directory: .*is not "
                                           r"a directory"):
         open_validation_shards(cfg, vocab_size=320, data=DataConfig())
-    cfg = ValidationConfig(path=str(held_out), interval_steps=10, batches=1)
+    cfg = ValidationConfig(path=str(held_out), interval_steps=10, windows=1)
     with pytest.raises(ConfigError) as caught:
         open_validation_shards(cfg, vocab_size=256, data=DataConfig())
     assert str(caught.value) == (f"validation.path={str(held_out)!r}: vocab_size=257 in its index; allowed: at "
@@ -140,8 +202,8 @@ def test_held_out_shards_that_do_not_fit_the_model_or_the_training_data(held_out
 def test_build_validator_is_none_without_a_path_and_raises_a_rank_s_error(held_out):
     assert build_validator(load_config(None), rank=0, world_size=1) is None
     cfg = load_config(None, [f"validation.path={held_out}", "validation.interval_steps=5",
-                             "validation.batches=99"])
-    with pytest.raises(ConfigError, match=r"^validation.batches=99: needs"):
+                             "validation.windows=99"])
+    with pytest.raises(ConfigError, match=r"^validation.windows=99: needs"):
         build_validator(cfg, rank=0, world_size=1)
 
 
@@ -159,7 +221,7 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def test_an_evaluation_repeats_exactly_and_changes_nothing(model, held_out, dist_info):
-    v = validator(held_out, world_size=1, batches=4)
+    v = validator(held_out, world_size=1, windows=8)
     before = {k: local(t).clone() for k, t in model.state_dict().items()}
     torch.manual_seed(1234)
     rng = torch.get_rng_state()
@@ -180,12 +242,31 @@ def test_an_evaluation_repeats_exactly_and_changes_nothing(model, held_out, dist
 
 
 def test_the_fused_loss_gives_the_same_held_out_loss(model, held_out, dist_info):
-    full = validator(held_out, world_size=1, batches=2)
-    fused = Validator(full.cfg, open_validation_shards(full.cfg, vocab_size=320, data=DataConfig()), seq_len=32,
-                      micro_batch_size=2, rank=0, world_size=1, loss_chunk_tokens=24)
+    full = validator(held_out, world_size=1, windows=4)
+    fused = validator(held_out, world_size=1, windows=4, loss_chunk_tokens=24)
     a = full.evaluate(model, step=1, device=dist_info.device)
     b = fused.evaluate(model, step=1, device=dist_info.device)
     assert b.loss == pytest.approx(a.loss, rel=1e-6)
+
+
+@pytest.mark.parametrize("loss_chunk_tokens", [0, 24])
+def test_padding_counts_nowhere_the_loss_is_the_mean_over_the_windows(model, held_out, dist_info,
+                                                                      loss_chunk_tokens):
+    # 7 windows on 3 ranks, micro-batch 2: rank 0 scores 2 + 1 (a padding row), ranks 1 and 2 score 2 and then
+    # run a micro-batch of padding alone. Each rank's value is its own mean (it gathers over itself here): the
+    # ranks' sums together are the mean over the 7 windows, each counted once, the full set's in one process
+    ranks = [validator(held_out, rank=r, world_size=3, windows=7, loss_chunk_tokens=loss_chunk_tokens)
+             for r in range(3)]
+    assert [v.scored for v in ranks] == [[2, 1], [2, 0], [2, 0]]
+    together = sum(v.evaluate(model, step=1, device=dist_info.device).loss * sum(v.scored) for v in ranks) / 7
+    with torch.no_grad():
+        per_window = [float(cross_entropy_loss(model(x[i:i + 1]), y[i:i + 1]))
+                      for v in ranks for (x, y), scored in zip(v.batches, v.scored, strict=True)
+                      for i in range(scored)]
+    assert len(per_window) == 7
+    assert together == pytest.approx(sum(per_window) / 7, rel=1e-6)
+    alone = validator(held_out, world_size=1, windows=7, micro_batch_size=4, loss_chunk_tokens=loss_chunk_tokens)
+    assert together == pytest.approx(alone.evaluate(model, step=1, device=dist_info.device).loss, rel=1e-6)
 
 
 def test_due_every_interval_and_after_the_last_step(held_out):

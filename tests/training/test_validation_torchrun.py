@@ -50,14 +50,14 @@ def two_ranks(overrides: list[str], **kwargs) -> Run:
 
 @pytest.fixture(scope="module")
 def validation_on(tmp_path_factory) -> list[str]:
-    """The [validation] overrides, on held-out byte shards: 6 x 401 tokens, 75 windows of 33, of which 2
-    batches x 4 samples x 2 ranks are read."""
+    """The [validation] overrides, on held-out byte shards: 6 x 401 tokens, 75 windows of 33, of which 15 are
+    read: 8 by rank 0 and 7 by rank 1, whose second micro-batch of 4 holds a padding row that counts nowhere."""
     held_out = tmp_path_factory.mktemp("held-out")
     writer = ShardWriter(held_out, vocab_size=257, eos_id=256, tokenizer={"kind": "byte"}, shard_size_tokens=1000)
     for i in range(6):
         writer.add_document(np.frombuffer(f"held-out document {i}: ".encode() * 20, dtype=np.uint8)[:400])
     writer.finish()
-    return [f"validation.path={held_out}", "validation.interval_steps=2", "validation.batches=2"]
+    return [f"validation.path={held_out}", "validation.interval_steps=2", "validation.windows=15"]
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +166,7 @@ def test_every_interval_and_the_end_the_same_value_on_every_rank_and_for_the_sam
 def test_a_missing_held_out_directory_stops_start_up_with_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "training", "--set", "run.steps=2", "--set",
                            f"validation.path={tmp_path}/nowhere", "--set", "validation.interval_steps=1", "--set",
-                           "validation.batches=1"], cwd=REPO, env=env(), capture_output=True, text=True,
+                           "validation.windows=1"], cwd=REPO, env=env(), capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2, proc.stderr
     (line,) = [x for x in proc.stderr.splitlines() if x.startswith("config error")]

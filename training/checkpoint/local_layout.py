@@ -7,11 +7,14 @@ One directory per rank's shard, whether this node's ranks saved it or it is the 
                                                   checkpoint of R's own shards (its DTensors' local tensors)
         shard.json                                ours, written last: {"step", "rank", "world_size",
                                                   "layout": {"dp_replicate", "dp_shard", "tp"},
-                                                  "files": {name: sha256}, "saved_at"}
+                                                  "same_state_as": [ranks], "files": {name: sha256},
+                                                  "saved_at"}
 
 A shard holds rank R's slices under the layout it was saved in (a DTensor's local tensor): the same rank
 under another layout owns other slices, so a shard serves only a resume at its own layout (``layout`` in the
-marker; a marker without one was written before layouts, by FSDP over every rank).
+marker; a marker without one was written before layouts, by FSDP over every rank). Under HSDP the same slices
+sit on one rank of each replica group: ``same_state_as`` names the ranks whose state, compared at the save
+(``local_twins``), was this shard's bit for bit, so this directory serves their resume as well as R's.
 
 A shard is written as ``rank-<R>.partial`` and renamed once its ``shard.json`` is in place, so a directory
 named ``rank-<R>`` always holds a whole shard; whether its bytes are still the ones written is what
@@ -53,10 +56,18 @@ class ShardInfo:
     # the [parallel] degrees it was saved under (training.parallel.layout.Layout.settings()); None: FSDP over
     # world_size ranks (see layout_degrees)
     layout: dict[str, int] | None = None
+    # other ranks whose state equalled this one's when it was saved (HSDP's replicas of the same slices)
+    same_state_as: tuple[int, ...] = ()
+
+    @property
+    def serves(self) -> tuple[int, ...]:
+        """The ranks a resume may load this shard into: its own and those of ``same_state_as``."""
+        return tuple(sorted({self.rank, *self.same_state_as}))
 
     def to_json(self) -> str:
         return json.dumps({"step": self.step, "rank": self.rank, "world_size": self.world_size,
-                           "layout": self.layout_degrees, "files": self.files,
+                           "layout": self.layout_degrees, "same_state_as": list(self.same_state_as),
+                           "files": self.files,
                            "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
                           indent=2, sort_keys=True) + "\n"
 
@@ -75,8 +86,9 @@ class ShardInfo:
         layout = data.get("layout")
         if layout is not None:
             layout = {name: int(layout[name]) for name in DEGREES}
+        same = tuple(sorted(int(r) for r in data.get("same_state_as", [])))
         return cls(step=int(data["step"]), rank=int(data["rank"]), world_size=int(data["world_size"]),
-                   files=dict(files), layout=layout)
+                   files=dict(files), layout=layout, same_state_as=same)
 
 
 def fsdp_degrees(world_size: int) -> dict[str, int]:

@@ -12,7 +12,9 @@ At a start with ``--resume auto`` every rank takes part, over the tier's gloo gr
    where a copy passed. A step with any rank's shard missing everywhere, or only damaged, is passed over for
    the next older one;
 3. a rank whose node holds no verified copy of its shard gets one from a node that does (the lost node's
-   ranks from their replica, or every shard when torchrun numbered the nodes anew), one transfer at a time in
+   ranks from their replica, or under HSDP from their twin's own shard, which holds the same state
+   (``ShardInfo.same_state_as``; its node then receives it under the twin's name and loads it from there),
+   or every shard when torchrun numbered the nodes anew), one transfer at a time in
    an order every rank computed alike (``shard_transfer.send_shard`` / ``receive_shard``); the receiver checks
    the digests again before it publishes the copy on its own node;
 4. the ranks agree that every fetch arrived whole; then each loads its own shard from its own node with DCP.
@@ -44,16 +46,17 @@ class LocalResume:
     """The local step every rank agreed to resume from."""
 
     step: int
-    path: Path  # this rank's shard, on its own node (after a fetch, the copy it received)
+    path: Path  # this rank's shard, on its own node (after a fetch, the copy it received; maybe a twin's)
     fetched: int  # shards every rank together fetched from another node
 
 
 @dataclass(frozen=True)
 class _Copies:
-    """Where the shards of one step are: {shard rank: nodes holding a copy}."""
+    """Where the shards of one step are: {rank: (node, shard directory's rank) of each copy that serves it}
+    (a rank's own shard, or under HSDP a twin's with the same state)."""
 
     step: int
-    nodes_of: dict[int, set[int]]
+    copies_of: dict[int, set[tuple[int, int]]]
 
 
 def choose_local_resume(local: LocalCheckpointer, *, not_older_than: int) -> LocalResume | None:
@@ -64,21 +67,22 @@ def choose_local_resume(local: LocalCheckpointer, *, not_older_than: int) -> Loc
     world, per_node = local.world_size, local.local_world_size
     node = local.rank // per_node
     held = inventory(local.root)
-    mine = {step: sorted(r for r, info in shards.items()
-                         if info.world_size == world and info.layout_degrees == local.layout)
+    # {step: {shard directory's rank: the ranks it serves}} of this node's shards at this run's layout
+    mine = {step: {r: info.serves for r, info in shards.items()
+                   if info.world_size == world and info.layout_degrees == local.layout}
             for step, shards in held.items()}
     _say_other_layouts(local, held, not_older_than)
-    gathered = _all_gather(local, (node, mine))
-    copies: dict[int, dict[int, set[int]]] = {}
-    for their_node, steps in gathered:
-        for step, ranks in steps.items():
-            for r in ranks:
-                copies.setdefault(step, {}).setdefault(r, set()).add(their_node)
-    candidates = sorted((s for s, by_rank in copies.items() if s >= not_older_than and len(by_rank) == world),
+    serves: dict[int, dict[tuple[int, int], tuple[int, ...]]] = {}  # {step: {(node, directory): ranks}}
+    for their_node, steps in _all_gather(local, (node, mine)):
+        for step, dirs in steps.items():
+            for r, ranks in dirs.items():
+                serves.setdefault(step, {})[(their_node, r)] = ranks
+    candidates = sorted((s for s, dirs in serves.items()
+                         if s >= not_older_than and len({r for ranks in dirs.values() for r in ranks}) == world),
                         reverse=True)
     for step in candidates:
-        verified = _verify_step(local, step, node, sorted(mine.get(step, [])), held)
-        missing = [r for r in range(world) if not verified.nodes_of.get(r)]
+        verified = _verify_step(local, step, node, sorted(mine.get(step, {})), held, serves[step])
+        missing = [r for r in range(world) if not verified.copies_of.get(r)]
         if missing:
             if local.rank == 0:
                 log.warning("local checkpoint step %d: no verified copy of the shards of ranks %s on a live node; "
@@ -90,7 +94,8 @@ def choose_local_resume(local: LocalCheckpointer, *, not_older_than: int) -> Loc
                 log.warning("local checkpoint step %d: a shard fetched from another node could not be kept "
                             "(damaged, or not written); trying an older step", step)
             continue
-        return LocalResume(step=step, path=shard_dir(local.root, step, local.rank), fetched=fetched)
+        count, directory = fetched
+        return LocalResume(step=step, path=shard_dir(local.root, step, directory), fetched=count)
     return None
 
 
@@ -142,8 +147,10 @@ def _all_gather(local: LocalCheckpointer, value: object) -> list:
     return out
 
 
-def _verify_step(local: LocalCheckpointer, step: int, node: int, present: list[int], held: dict) -> _Copies:
-    """Each node's copies of ``step``, checked by that node's ranks (a share each), gathered."""
+def _verify_step(local: LocalCheckpointer, step: int, node: int, present: list[int], held: dict,
+                 serves: dict[tuple[int, int], tuple[int, ...]]) -> _Copies:
+    """Each node's copies of ``step``, checked by that node's ranks (a share each), gathered; ``serves``: the
+    ranks each (node, directory) serves (every rank gathered the same)."""
     assert local.root is not None
     share = [r for i, r in enumerate(present) if i % local.local_world_size == local.rank % local.local_world_size]
     passed = []
@@ -154,32 +161,54 @@ def _verify_step(local: LocalCheckpointer, step: int, node: int, present: list[i
         else:
             log.warning("local checkpoint step %d: the copy of rank %d's shard on this node failed verification: "
                         "%s", step, r, problem)
-    nodes_of: dict[int, set[int]] = {}
-    for their_node, ranks in _all_gather(local, (node, passed)):
-        for r in ranks:
-            nodes_of.setdefault(r, set()).add(their_node)
-    return _Copies(step, nodes_of)
+    copies_of: dict[int, set[tuple[int, int]]] = {}
+    for their_node, directories in _all_gather(local, (node, passed)):
+        for d in directories:
+            for r in serves[(their_node, d)]:
+                copies_of.setdefault(r, set()).add((their_node, d))
+    return _Copies(step, copies_of)
 
 
-def _fetch(local: LocalCheckpointer, copies: _Copies) -> int | None:
-    """Bring each rank a verified copy of its shard on its own node; the number of shards moved, or None
-    (on every rank) when one could not be kept."""
-    assert local.root is not None
-    per_node = local.local_world_size
-    transfers = []  # (shard rank = the rank that needs it, the rank that sends it), in one order everywhere
-    for r in range(local.world_size):
-        holders = copies.nodes_of[r]
-        if r // per_node in holders:
+def plan_fetches(copies_of: dict[int, set[tuple[int, int]]], *, world_size: int,
+                 ranks_per_node: int) -> tuple[list[tuple[int, int, int]], list[int]]:
+    """The transfers that give each rank a copy on its own node, and the shard directory each rank loads.
+
+    ``copies_of``: {rank: (node, directory's rank) of each verified copy serving it}. A transfer is (the rank
+    that receives, the rank that sends, the directory's rank), in one order every rank computes alike: a
+    rank's own shard is preferred to a twin's, a lower node to a higher; a directory one rank of a node is
+    receiving is not sent to that node twice."""
+    transfers: list[tuple[int, int, int]] = []
+    loads: list[int] = []
+    arriving: set[tuple[int, int]] = set()  # (node, directory) a transfer already brings
+    for r in range(world_size):
+        node = r // ranks_per_node
+        ranked = sorted(copies_of[r], key=lambda copy: (copy[1] != r, copy))  # own shard first, then by node
+        here = [d for n, d in ranked if n == node] + [d for n, d in sorted(arriving) if n == node and
+                                                      any(c[1] == d for c in copies_of[r])]
+        if here:
+            loads.append(here[0])
             continue
-        source_node = min(holders)
-        transfers.append((r, source_node * per_node + r % per_node))
+        source_node, directory = ranked[0]
+        transfers.append((r, source_node * ranks_per_node + r % ranks_per_node, directory))
+        arriving.add((node, directory))
+        loads.append(directory)
+    return transfers, loads
+
+
+def _fetch(local: LocalCheckpointer, copies: _Copies) -> tuple[int, int] | None:
+    """Bring each rank a verified copy of its shard on its own node; the number of shards moved and the shard
+    directory this rank loads, or None (on every rank) when one could not be kept."""
+    assert local.root is not None
+    transfers, loads = plan_fetches(copies.copies_of, world_size=local.world_size,
+                                    ranks_per_node=local.local_world_size)
     ok = True
-    for needed_by, sender in transfers:
+    for needed_by, sender, directory in transfers:
         if local.rank == sender:
-            send_shard(local.group, shard_dir(local.root, copies.step, needed_by), needed_by)
+            send_shard(local.group, shard_dir(local.root, copies.step, directory), needed_by)
         elif local.rank == needed_by:
             ok = receive_shard(local.group, sender, local.root) is not None and ok
     if transfers and local.rank == 0:
         log.info("local checkpoint step %d: %d shard(s) fetched from another node: %s", copies.step,
-                 len(transfers), ", ".join(f"rank {r} from rank {s}" for r, s in transfers))
-    return len(transfers) if local.agree(ok) else None
+                 len(transfers), ", ".join(f"rank {r} from rank {s}" + (
+                     f" (rank {d}'s shard: the same state)" if d != r else "") for r, s, d in transfers))
+    return (len(transfers), loads[local.rank]) if local.agree(ok) else None

@@ -12,7 +12,10 @@ Every ``checkpoint.local_interval_steps`` the loop hands the state to ``LocalChe
    dtypes, shapes and bits, all finite), written with DCP without a process group as one self-contained
    checkpoint per rank, its files' sha256 recorded in its marker (``local_layout``);
 3. sent to the same local rank of the next node (rank + ranks per node, around the ring), which checks the
-   digests before it publishes the replica (``shard_transfer.exchange``); one node: no replica;
+   digests before it publishes the replica (``shard_transfer.exchange``); one node: no replica. Under HSDP
+   a rank whose twin in another replica group, on another node, saved the same state (compared at each
+   save: ``local_twins``) sends none: the twin's own shard is the copy, and its marker says whose state it
+   also is;
 4. the ranks agree (one all-reduce) that every shard and every replica of the step is in place; only then
    does the step count, and the newest ``checkpoint.local_keep`` counted steps are kept on every node.
 
@@ -33,6 +36,7 @@ import logging
 import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +57,7 @@ from training.checkpoint.local_layout import (
     single_process_dcp,
     write_shard_marker,
 )
+from training.checkpoint.local_twins import content_key, held_elsewhere, same_state
 from training.checkpoint.shard_transfer import exchange
 from training.checkpoint.staging import BackgroundStager, staging_api_available, use_pinned_memory
 from training.checkpoint.state import build_state
@@ -83,6 +88,15 @@ def merge_loaded(state: Any, loaded: Any) -> Any:
     if isinstance(state, torch.Tensor):
         return state
     return loaded
+
+
+@dataclass(frozen=True)
+class _Written:
+    """A shard written but not yet published: its ``.partial`` directory, its files' digests, its content key."""
+
+    partial: Path
+    files: dict[str, str]
+    key: str
 
 
 class _InlineCopy:
@@ -125,6 +139,7 @@ class LocalCheckpointer:
         self._pending: Future[bool] | None = None
         self._staging: Any = None
         self._last_step: int | None = None
+        self._said_twins = False  # the line that says how many shards needed no replica: once a run
         self.group = None
         self._stager: BackgroundStager | None = None
         self._writer: ThreadPoolExecutor | None = None
@@ -228,30 +243,46 @@ class LocalCheckpointer:
 
     def _write(self, step: int, staging: Any, began: float) -> bool:
         assert self.root is not None
-        own = None
+        written = own = None
         try:
-            own = self._write_own(step, staging)
+            written = self._write_files(step, staging)
         except Exception as exc:  # this step's local copy is lost, not the run: the others learn it below
             log.warning("local checkpoint step %d: rank %d's shard not saved: %s: %s", step, self.rank,
                         type(exc).__name__, exc)
-        written = time.monotonic()
+        twins, elsewhere = self._twins(written.key if written is not None else None)
+        if written is not None:
+            try:
+                own = self._publish_own(step, written, twins)
+            except OSError as exc:
+                log.warning("local checkpoint step %d: rank %d's shard not published: %s", step, self.rank, exc)
+        written_at = time.monotonic()
         replica_ok = True
         if self.replica_to is not None and self.replica_from is not None:
-            received = exchange(self.group, own=own, dst=self.replica_to, src=self.replica_from, root=self.root)
-            replica_ok = received is not None
+            # no replica for a rank whose twin on another node saved the same state (local_twins), and none
+            # expected from a peer that has such a twin
+            dst = None if elsewhere[self.rank] else self.replica_to
+            src = None if elsewhere[self.replica_from] else self.replica_from
+            if dst is not None or src is not None:
+                received = exchange(self.group, own=own, dst=dst, src=src, root=self.root)
+                replica_ok = src is None or received is not None
         ok = self.agree(own is not None and replica_ok)
-        self.last_timings.update(written_s=written - began, counted_s=time.monotonic() - began)
+        self.last_timings.update(written_s=written_at - began, counted_s=time.monotonic() - began)
         if ok:
             self.count(step)
             if self.rank == 0:
                 log.info("local checkpoint step %d complete on every rank (%.2fs after the save began; building "
                          "the state held the loop %.2fs, rank 0's shard was written after %.2fs)", step,
                          self.last_timings["counted_s"], self.last_timings["build_s"], self.last_timings["written_s"])
+                if any(elsewhere) and not self._said_twins:
+                    self._said_twins = True
+                    log.info("local checkpoint: %d of %d shards sent to no other node: a replica group on another "
+                             "node saved the same state (HSDP)", sum(elsewhere), self.world_size)
         elif self.rank == 0:
             log.warning("local checkpoint step %d is incomplete (a shard or a replica failed): not counted", step)
         return ok
 
-    def _write_own(self, step: int, staging: Any) -> Path:
+    def _write_files(self, step: int, staging: Any) -> _Written:
+        """This rank's shard written into its ``.partial`` directory, not yet published."""
         assert self.root is not None
         staged = staging.staged.result()
         description = staging.description.result()  # a failed staging fails here: nothing is written
@@ -261,10 +292,24 @@ class LocalCheckpointer:
         partial.mkdir(parents=True)
         with single_process_dcp():
             dcp.save(staged, checkpoint_id=str(partial), planner=VerifyingSavePlanner(description), no_dist=True)
-        write_shard_marker(partial, ShardInfo(step=step, rank=self.rank, world_size=self.world_size,
-                                              files=digest_files(partial), layout=self.layout))
+        files = digest_files(partial)
+        return _Written(partial, files, content_key(files, repr(sorted(description.items()))))
+
+    def _twins(self, key: str | None) -> tuple[tuple[int, ...], list[bool]]:
+        """The ranks whose state equals this rank's, and for each rank whether such a twin is on another node
+        (local_twins); one node: none (there is no other node). Collective on several nodes."""
+        if self.replica_to is None or self.group is None:
+            return (), [False] * self.world_size
+        keys: list[str | None] = [None] * self.world_size
+        dist.all_gather_object(keys, key, group=self.group)
+        return same_state(keys)[self.rank], held_elsewhere(keys, self.local_world_size)
+
+    def _publish_own(self, step: int, written: _Written, twins: tuple[int, ...]) -> Path:
+        assert self.root is not None
+        write_shard_marker(written.partial, ShardInfo(step=step, rank=self.rank, world_size=self.world_size,
+                                                      files=written.files, layout=self.layout, same_state_as=twins))
         final = shard_dir(self.root, step, self.rank)
-        publish(partial, final)
+        publish(written.partial, final)
         return final
 
     def agree(self, ok: bool) -> bool:

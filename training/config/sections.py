@@ -219,8 +219,12 @@ class ValidationConfig:
     path: str = ""  # held-out shard directory (index.json, docs/data-format.md); "" = no validation
     # Evaluate after every this many optimizer steps and after the last one; required (>= 1) with a path.
     interval_steps: int = 0
-    # Micro-batches (run.micro_batch_size x run.seq_len) each data-parallel rank evaluates, the same ones at
-    # every evaluation: batches x micro_batch_size x ranks held-out windows in all; required (>= 1) with a path.
+    # Held-out windows of run.seq_len + 1 tokens in the whole set, the same ones at every evaluation and whatever
+    # the layout or the number of ranks (split over the data-parallel ranks, each window scored once); with a
+    # path, this or batches (>= 1).
+    windows: int = 0
+    # The older spelling: batches x run.micro_batch_size windows (what one rank scored while the set grew with
+    # the ranks); set windows or batches, not both.
     batches: int = 0
     # Evaluate once before the first step of a fresh start (not on a resume), logged as step 0: the baseline a
     # fine-tune is compared against (an imported model's own held-out loss). false where an evaluation is costly.
@@ -230,17 +234,26 @@ class ValidationConfig:
     def enabled(self) -> bool:
         return bool(self.path)
 
+    def num_windows(self, micro_batch_size: int) -> int:
+        """The held-out set's size in windows: ``windows``, or ``batches`` x ``micro_batch_size``."""
+        return self.windows or self.batches * micro_batch_size
+
     def validate(self) -> None:
         if not isinstance(self.path, str):
             raise ConfigError(f"validation.path={self.path!r}: allowed: a shard directory, or '' for none")
-        for name in ("interval_steps", "batches"):
+        for name in ("interval_steps", "windows", "batches"):
             value = getattr(self, name)
-            if not _is_int_at_least(value, minimum=1 if self.enabled else 0):
+            required = self.enabled and name == "interval_steps"  # windows and batches: one of them, below
+            if not _is_int_at_least(value, minimum=1 if required else 0):
+                or_zero = "" if name == "interval_steps" else ", or 0"
                 raise ConfigError(f"validation.{name}={value!r}: allowed: an integer >= 1 (with validation.path "
-                                  "set)")
+                                  f"set){or_zero}")
             if not self.enabled and value:
                 raise ConfigError(f"validation.path='': allowed: a held-out shard directory (with index.json) "
                                   f"when validation.{name} is set ({value!r})")
+        if self.enabled and bool(self.windows) == bool(self.batches):
+            raise ConfigError(f"validation.windows={self.windows!r}, validation.batches={self.batches!r}: allowed: "
+                              "one of them >= 1 (with validation.path set), the other 0")
         if not isinstance(self.at_start, bool):
             raise ConfigError(f"validation.at_start={self.at_start!r}: allowed: true, false")
 
