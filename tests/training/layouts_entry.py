@@ -22,7 +22,8 @@ same process group, and prints what the test compares (tests/training/test_layou
    boundary: training.faults);
 7) the local checkpoint tier under HSDP 2 x 2 with two ranks per "node" (ROOT/local/node0, node1: one replica
    group each): where a shard's twin in the other replica group saved the same state, no replica is sent; the
-   node of ranks 2-3 is then lost, and a resume loads them from their twins' shards on node 0.
+   node of ranks 2-3 is then lost, and a resume loads them from their twins' shards on node 0;
+8) per-block compile under TP 2 x FSDP 2: one step's gradients against eager mode (compiled_under_tp).
 
 Rank 0 prints one JSON line, ``{"layouts": ..., "resumed": ...}``. Run by the test through run_ranks (each rank
 forked from a process with the trainer imported), with one node of 4 ranks: a tp group must fit a node.
@@ -103,11 +104,45 @@ def main(checkpoint_root: str, hf_dir: str) -> None:
     fp8 = fp8_checkpointed_resume(checkpoint_root, info)
     hf = hf_import(checkpoint_root, hf_dir, info)
     twins = local_tier_under_hsdp(checkpoint_root, base, info)
+    compiled = compiled_under_tp(base, info)
     if info.rank == 0:
         print(json.dumps({"layouts": losses, "resumed": resumed, "tied": tied, "fp8": fp8, "hf": hf,
-                          "local_twins": twins}), flush=True)
+                          "local_twins": twins, "compiled_tp": compiled}), flush=True)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def compiled_under_tp(base, info):
+    """8) Per-block torch.compile under TP 2 x FSDP 2 (one block, untied embedding): one forward and backward's
+    gradients against the same model in eager mode, each parameter's relative difference. Compiled with
+    AOTAutograd's aot_eager backend, the part of torch.compile that lost the embedding's gradient before
+    training.parallel.parallelize.maybe_fresh_embedding_output (Inductor's code generation, which a P5 run
+    adds, would cost this CPU test tens of seconds)."""
+    import functools
+
+    cfg = base  # one block already (OVERRIDES)
+    grads = {}
+    for compiled in (False, True):
+        parallel = dataclasses.replace(cfg.parallel, dp_replicate=1, dp_shard=2, tp=2, compile=compiled)
+        run_cfg = dataclasses.replace(cfg, parallel=parallel)
+        layout = resolve_layout(parallel, world_size=info.world_size, gpus_per_node=4, model=run_cfg.model,
+                                run=run_cfg.run)
+        layout_info = dataclasses.replace(info, layout=layout)
+        fp8 = build_fp8_backend(run_cfg.fp8)
+        real_compile = torch.compile
+        torch.compile = functools.partial(real_compile, backend="aot_eager")  # Module.compile calls it
+        try:
+            model = build_model(run_cfg.model, parallel, fp8, layout_info, seed=run_cfg.run.seed)
+            source = build_batch_source(run_cfg.data, seq_len=run_cfg.run.seq_len,
+                                        vocab_size=run_cfg.model.vocab_size, seed=run_cfg.run.seed,
+                                        dp_rank=layout_info.dp_rank, dp_world_size=layout.dp_size,
+                                        micro_batch_size=run_cfg.run.micro_batch_size, grad_accum_steps=1)
+            forward_backward(model, fp8, [source.get(0, 0)], 1, loss_parallel=True)
+        finally:
+            torch.compile = real_compile
+        grads[compiled] = {name: p.grad.full_tensor() for name, p in model.named_parameters()}
+    return {name: ((grads[True][name] - eager).norm() / eager.norm()).item()
+            for name, eager in grads[False].items()}
 
 
 def fp8_checkpointed_resume(root, info):

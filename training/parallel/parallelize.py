@@ -35,6 +35,8 @@ def apply_parallelism(model: nn.Module, cfg: ParallelConfig, mesh: ParallelMesh,
     torch.distributed.checkpoint.state_dict removes)."""
     if mesh.layout.tp > 1:
         apply_tp(model, mesh.tp, float8=float8_tp)
+        if cfg.compile:
+            maybe_fresh_embedding_output(model)
     blocks = model.layers
     for i, block in enumerate(blocks):
         if cfg.activation_checkpointing:
@@ -45,6 +47,22 @@ def apply_parallelism(model: nn.Module, cfg: ParallelConfig, mesh: ParallelMesh,
             block.compile(fullgraph=True)
         blocks[i] = block
     apply_fsdp(model, cfg, mesh.dp)
+
+
+def maybe_fresh_embedding_output(model: nn.Module) -> None:
+    """Under tensor parallelism, hand the first compiled block a copy of the embedding's output, not the
+    tensor TP's output hook returns (DTensor.to_local of the sequence-sharded embedding).
+
+    Measured with torch 2.13 (tests/training/layouts_entry.py, part 8): a compiled block whose input is that
+    tensor returns no gradient for it under AOTAutograd, so the embedding's weight gets a zero gradient and the
+    run trains with a frozen embedding, silently (on the CPU, Inductor and aot_eager alike; eager is right).
+    A copy is a fresh tensor of one micro-batch's local activations (tokens/tp x dim), and its gradient flows.
+    Only the untied embedding shows it: a tied one also gets the output head's gradient."""
+    model.tok_embeddings.register_forward_hook(_fresh_output)
+
+
+def _fresh_output(module: nn.Module, args: Any, output: Any) -> Any:
+    return output.clone()
 
 
 def apply_activation_checkpointing(block: nn.Module, *,
