@@ -17,20 +17,27 @@ the category of the stretch it falls in:
   first forward and backward);
 - `restart` (later attempts): the next attempt's start to its first step (its own start-up, load and compile:
   `clusterctl status` shows them phase by phase, timeline.timeline_lines);
-- `productive`: the training span (the first step to the fault, or to the attempt's end) times the share of
-  its steps that counted, and `lost_progress` the rest of the span: the steps the next attempt re-ran after
-  resuming from an older checkpoint (step_reached - the next resumed_from_step). The record holds no time for
-  each step, so the span is split in proportion to the steps, at an even pace; the quiet between a fault and
-  the round that saw it is in that span too (the record has no time for the fault itself, only for a node
-  whose job ended before the keeper saw the fault);
-- `failure_detection`: the fault (the first node whose job ended, else the keeper's fault_seen) to the
-  attempt's end;
-- `job_end`: the last node's job ended to the keeper's round that recorded the attempt's end.
+- the training span (the first step to the fault, or to the attempt's end) holds the phases the trainer
+  reported after its first step (training/phases.py; each node's supervisor sums their seconds, and its report
+  keeps them, NodeReport.phase_ms): `checkpoint_save` (blocking saves, the SIGTERM stop's save and the loop's
+  waits for an async save's staging), `validation_and_export` (held-out passes, the final export), `data_wait`
+  (the loader's waits past a second) and `compile` (a recompile, a backward compiled lazily). The nodes run
+  them together, so each category takes the most any node of the attempt reports (never more than the span);
+- `productive`: the rest of the span times the share of its steps that counted, and `lost_progress` what is
+  left: the steps the next attempt re-ran after resuming from an older checkpoint (step_reached - the next
+  resumed_from_step). The record holds no time for each step, so it is split in proportion to the steps, at an
+  even pace;
+- `failure_detection`: the fault to the attempt's end. The fault is the first of: a node's job that ended
+  before the keeper saw the fault, the moment the attempt's running nodes went quiet (the newest of their last
+  output, NodeReport.last_output_at: a hung peer holds them silent inside a collective), the keeper's
+  fault_seen;
+- `job_end`: the last node's job ended to the keeper's round that recorded the attempt's end. A job stopped by
+  the keeper (a Capacity Block's end) is recorded first and its nodes end after their stop's save: its wall
+  time runs to the last node's end, and that save is `checkpoint_save`.
 
-Folded for now, because no record holds them yet (issue 45's phase records will): blocking checkpoint saves
-and the loop's waits for async ones, validation, the final export and data waits happen inside the training
-span and are counted as `productive` (FOLDED names them, and `clusterctl status --json` carries it). The
-trainer's own final line gives its in-process split (training/goodput_line.py).
+A record without phase seconds (nodes that predate them, a job whose trainer prints no phase records) leaves
+those phases inside `productive`: `folded` (in `clusterctl status --json`) names them then. The trainer's own
+final line gives its in-process split (training/goodput_line.py).
 
 Times come from several machines' clocks (the keeper's, each node's): a boundary that lies before the one
 before it (clock skew, a second-resolution time) ends its stretch at once, so stretches never overlap and
@@ -46,11 +53,16 @@ from cluster_jobs.table import FINAL_STATES, Attempt, JobRecord, parse_time
 from cluster_jobs.timeline import parse_phase
 
 PRODUCTIVE = "productive"
-BADPUT = ("waiting_for_nodes", "startup", "checkpoint_load", "compile", "restart", "lost_progress",
-          "failure_detection", "job_end")
+BADPUT = ("waiting_for_nodes", "startup", "checkpoint_load", "compile", "restart", "checkpoint_save",
+          "validation_and_export", "data_wait", "lost_progress", "failure_detection", "job_end")
 CATEGORIES = (PRODUCTIVE, *BADPUT)
-# issue 45's categories that no record holds yet -> the category that holds their seconds
-FOLDED = {"checkpoint_save": PRODUCTIVE, "validation_and_export": PRODUCTIVE, "data_wait": PRODUCTIVE}
+# the trainer's phases (job_contract.PHASE_NAMES) -> the category of their seconds after the first step
+PHASE_CATEGORIES = {"checkpoint_save": "checkpoint_save", "validation": "validation_and_export",
+                    "export": "validation_and_export", "data_wait": "data_wait", "compile": "compile",
+                    "checkpoint_load": "checkpoint_load"}
+# a record with no phase seconds: the categories whose seconds stay in `productive`
+FOLDED = {"checkpoint_save": PRODUCTIVE, "validation_and_export": PRODUCTIVE, "data_wait": PRODUCTIVE,
+          "compile (after the first step)": PRODUCTIVE}
 # the first attempt's start-up phases (timeline.NODE_PHASES) and the category of the stretch each one ends
 FIRST_START = (("rendezvous_done", "startup"), ("checkpoint_loaded", "checkpoint_load"), ("compiled", "compile"),
                ("first_step", "compile"))
@@ -60,6 +72,7 @@ FIRST_START = (("rendezvous_done", "startup"), ("checkpoint_loaded", "checkpoint
 class Goodput:
     wall_s: float  # the submit to the job's end (or now, while it is active)
     seconds: dict[str, float]  # CATEGORIES -> seconds; they add up to wall_s
+    folded: dict[str, str] = dataclasses.field(default_factory=dict)  # FOLDED when the record has no phase seconds
 
     @property
     def goodput_pct(self) -> float | None:
@@ -73,7 +86,7 @@ class Goodput:
     def to_json(self) -> dict[str, object]:
         pct = self.goodput_pct
         return {"goodput_pct": None if pct is None else round(pct, 2), "wall_s": round(self.wall_s, 3),
-                "seconds": {name: round(s, 3) for name, s in self.seconds.items()}, "folded": dict(FOLDED)}
+                "seconds": {name: round(s, 3) for name, s in self.seconds.items()}, "folded": dict(self.folded)}
 
 
 def summary_line(goodput: Goodput) -> str:
@@ -101,15 +114,21 @@ class _Walk:
         self.seconds[category] += (when - self.at).total_seconds()
         self.at = when
 
-    def span(self, until: datetime.datetime | None, counted_share: float) -> None:
-        """The training span up to `until`: its `counted_share` productive, the rest lost progress."""
+    def span(self, until: datetime.datetime | None, counted_share: float, phases: dict[str, float]) -> None:
+        """The training span up to `until`: the `phases` seconds in their categories (scaled down to the span
+        if they exceed it), of the rest its `counted_share` productive and the others lost progress."""
         if until is None:
             return
         start = self.at
         self.to(until, PRODUCTIVE)
         span_s = (self.at - start).total_seconds()
-        lost_s = span_s * (1.0 - counted_share)
-        self.seconds[PRODUCTIVE] -= lost_s
+        phase_s = sum(phases.values())
+        scale = min(1.0, span_s / phase_s) if phase_s > 0 else 0.0
+        for category, seconds in phases.items():
+            self.seconds[category] += seconds * scale
+        rest_s = span_s - phase_s * scale
+        lost_s = rest_s * (1.0 - counted_share)
+        self.seconds[PRODUCTIVE] -= span_s - rest_s + lost_s
         self.seconds["lost_progress"] += lost_s
 
 
@@ -120,15 +139,20 @@ def job_goodput(record: JobRecord, now: datetime.datetime) -> Goodput | None:
         return None
     final = record.state in FINAL_STATES
     end = (parse_time(record.ended_at) if final else None) or now
-    if final and record.attempts and (last := _attempt_end(record.attempts[-1])) is not None:
-        end = max(end, last)  # the last attempt's millisecond "ended" can be a fraction past the record's second
+    if final and record.attempts:
+        # the last attempt's millisecond "ended" can be a fraction past the record's second; the nodes of a job
+        # the keeper stopped (a Capacity Block's end) end after the record, once their stop's save is written
+        ends = [e for e in (_attempt_end(record.attempts[-1]), _jobs_ended(record.attempts[-1])) if e is not None]
+        end = max([end, *ends])
     walk = _Walk(submit, max(end, submit))
     tail = "waiting_for_nodes"  # the category of the time after the last boundary, up to the end (or now)
     for index, attempt in enumerate(record.attempts):
         following = record.attempts[index + 1] if index + 1 < len(record.attempts) else None
         tail = _walk_attempt(walk, attempt, following, first=index == 0)
     walk.to(walk.end, "job_end" if final else tail)
-    return Goodput(wall_s=(walk.end - submit).total_seconds(), seconds=walk.seconds)
+    recorded = any(r.phase_ms is not None for a in record.attempts for r in a.node_reports)
+    return Goodput(wall_s=(walk.end - submit).total_seconds(), seconds=walk.seconds,
+                   folded={} if recorded else dict(FOLDED))
 
 
 def _walk_attempt(walk: _Walk, attempt: Attempt, following: Attempt | None, *, first: bool) -> str:
@@ -148,11 +172,12 @@ def _walk_attempt(walk: _Walk, attempt: Attempt, following: Attempt | None, *, f
     ended = _attempt_end(attempt)
     fault = _fault_time(attempt)
     if stepped:
-        walk.span(fault or _jobs_ended(attempt) or ended, _counted_share(attempt, following))
+        walk.span(fault or _jobs_ended(attempt) or ended, _counted_share(attempt, following), _phase_seconds(attempt))
     if ended is None:
         return PRODUCTIVE if stepped else doing[0]
     # a fault: from it to the end; no fault: the processes ended, then the keeper's round saw it
     walk.to(ended, "failure_detection" if fault is not None else "job_end" if stepped else doing[0])
+    walk.to(phase("survivors_stopped"), "waiting_for_nodes")  # to the millisecond: the survivors' stop
     return "waiting_for_nodes"
 
 
@@ -168,13 +193,32 @@ def _jobs_ended(attempt: Attempt) -> datetime.datetime | None:
 
 
 def _fault_time(attempt: Attempt) -> datetime.datetime | None:
-    """The fault that ended the attempt: the first node whose job ended before the keeper saw it, else the
-    keeper's fault_seen; None for an attempt that ended without a fault (or has not ended)."""
+    """The fault that ended the attempt: the first of a node whose job ended before the keeper saw it and the
+    moment its running nodes went quiet (the newest of their last output), else the keeper's fault_seen; None
+    for an attempt that ended without a fault (or has not ended)."""
     seen = parse_phase(attempt.timeline.get("fault_seen", ""))
     if seen is None:
         return None
     ends = [e for r in attempt.node_reports if (e := parse_time(r.ended_at)) is not None and e < seen]
+    quiet = [parse_phase(r.last_output_at or "") for r in attempt.node_reports if r.state == "running"]
+    if quiet and all(q is not None for q in quiet) and (newest := max(quiet)) < seen:  # type: ignore[type-var]
+        ends.append(newest)  # type: ignore[arg-type]
     return min(ends, default=seen)
+
+
+def _phase_seconds(attempt: Attempt) -> dict[str, float]:
+    """The seconds of each category in the attempt's training span: of each phase, the most any node reports
+    (the nodes run their saves, validations and compiles together)."""
+    seconds: dict[str, float] = {}
+    for report in attempt.node_reports:
+        for phase, ms in (report.phase_ms or {}).items():
+            category = PHASE_CATEGORIES.get(phase)
+            if category is not None and ms > 0:
+                seconds[phase] = max(seconds.get(phase, 0.0), ms / 1000)
+    by_category: dict[str, float] = {}
+    for phase, value in seconds.items():
+        by_category[PHASE_CATEGORIES[phase]] = by_category.get(PHASE_CATEGORIES[phase], 0.0) + value
+    return by_category
 
 
 def _counted_share(attempt: Attempt, following: Attempt | None) -> float:

@@ -128,6 +128,25 @@ def phases(payload: Mapping[str, Any], dropped: Dropped) -> dict[str, str] | Non
     return kept
 
 
+def phase_seconds(payload: Mapping[str, Any], dropped: Dropped) -> dict[str, float] | None:
+    """The supervisor's seconds per phase after the first step ("phaseSeconds"): the contract's phase names,
+    each a finite number in 0..MAX_PHASE_SECONDS; the other items dropped, counted in one warning."""
+    value = payload.get("phaseSeconds")
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        dropped.append(f"phaseSeconds: {_what(value)}, not an object")
+        return None
+    high = job_contract.MAX_PHASE_SECONDS
+    kept = {name: float(s) for name, s in value.items()
+            if name in job_contract.PHASE_NAMES and isinstance(s, (int, float)) and not isinstance(s, bool)
+            and math.isfinite(s) and 0 <= s <= high}
+    if len(kept) < len(value):
+        dropped.append(f"phaseSeconds: {len(value) - len(kept)} of {len(value)} items not a known phase with a "
+                       f"finite number of seconds in 0..{high}")
+    return kept
+
+
 def parse_payload(payload: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """A node's answer (state in job_contract.STATES) as NodeJobState's fields past its instance id and
     state, and the warnings for what was dropped."""
@@ -153,6 +172,8 @@ def parse_payload(payload: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]
         "last_val_loss": number(payload, "lastValLoss", dropped, MAX_LOSS),
         "last_val_step": whole(payload, "lastValStep", dropped),
         "phases": phases(payload, dropped),
+        "phase_seconds": phase_seconds(payload, dropped),
+        "last_output_at": matching(payload, "lastOutputAt", dropped, TIME_RE, times),
     }
     return fields, dropped
 

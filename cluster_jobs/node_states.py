@@ -43,6 +43,10 @@ class NodeJobState:
     last_val_step: int | None = None
     # the restart timeline on the node (its supervisor's start and the trainer's phases: cluster_jobs/timeline.py)
     phases: dict[str, str] | None = None
+    # the seconds the trainer spent in each phase after its first step (job_contract.PHASE_NAMES), and when the
+    # job last printed (UTC, to the millisecond): the job's goodput reads them (cluster_jobs/goodput.py)
+    phase_seconds: dict[str, float] | None = None
+    last_output_at: str | None = None
 
     # what the answer held outside cluster_jobs/node_answer.py's schema, dropped: a warning each, never the value
     dropped: tuple[str, ...] = ()
@@ -85,7 +89,10 @@ class NodeJobState:
         """What the job record keeps of this answer (its current attempt's node reports)."""
         return NodeReport(instance_id=self.instance_id, state=self.state, exit_code=self.exit_code,
                           last_step=self.last_step, started_at=self.started_at, ended_at=self.ended_at,
-                          detail=self.detail, compile_cache=self.compile_cache, dropped=list(self.dropped))
+                          detail=self.detail, compile_cache=self.compile_cache, dropped=list(self.dropped),
+                          phase_ms=None if self.phase_seconds is None else
+                          {name: round(seconds * 1000) for name, seconds in self.phase_seconds.items()},
+                          last_output_at=self.last_output_at)
 
 
 def is_commcheck(states: Sequence[NodeJobState]) -> bool:

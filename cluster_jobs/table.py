@@ -59,6 +59,10 @@ class NodeReport:
     ended_at: str | None = None
     detail: str | None = None
     compile_cache: str | None = None  # with torch.compile: "snapshot" (a warm compile) or "cold"; None: unknown
+    # milliseconds the trainer spent in each phase after its first step (job_contract.PHASE_NAMES; milliseconds:
+    # DynamoDB's serializer takes no float), and when the job last printed (UTC, to the millisecond)
+    phase_ms: dict[str, int] | None = None
+    last_output_at: str | None = None
     # what the node's answer held outside cluster_jobs/node_answer.py's schema, dropped: one warning each
     dropped: list[str] = field(default_factory=list)
 

@@ -41,6 +41,10 @@ PHASE_EVENT = "phase"
 PHASE_NAMES = ("compile", "checkpoint_load", "checkpoint_save", "validation", "export", "data_wait")
 PHASE_STATES = ("start", "end")
 MAX_PHASE_BOUND_SECONDS = 86400
+# The seconds an attempt spent in each phase after its first step (the supervisor's sum, status "phaseSeconds":
+# {NAME: seconds}, NAME one of PHASE_NAMES): the job's goodput moves them out of its productive time
+# (cluster_jobs/goodput.py). At most this many per phase: a year, far past any attempt.
+MAX_PHASE_SECONDS = 366 * 86400
 # The trainer's beat (training/phases.py): {"event": "beat", "step": N}, one JSON line from local rank 0 of every
 # node after every step that printed no step line (those come every run.log_interval_steps steps), so the hang
 # watch learns the cadence of single steps, not of ten; `status` reads the step and loss from the step lines only.

@@ -2,6 +2,7 @@
 built by hand (the keeper drill's own record: tests/drills/test_job_keeper_drill.py)."""
 
 import datetime
+import json
 
 import pytest
 
@@ -141,3 +142,92 @@ def test_top_shows_the_running_jobs_goodput():
                                          nodes=[], job=job, group_created_at=now, cost_usd=1.0,
                                          usd_per_node_hour=55.0, job_source="job table")))
     assert summary_line(job.goodput) in capture.get()
+
+
+def with_phase_ms(attempt: Attempt, *reports: NodeReport) -> Attempt:
+    attempt.node_reports = list(reports)
+    return attempt
+
+
+def test_the_phase_seconds_move_out_of_productive_into_their_categories():
+    attempts = three_attempts()
+    # attempt 3 (650 -> 1000: all counted): its nodes saved, validated, exported, waited and recompiled together;
+    # each category takes the most any node reports, not their sum
+    with_phase_ms(attempts[2],
+                  NodeReport("i-a", "succeeded", ended_at=at(1000),
+                             phase_ms={"checkpoint_save": 30_000, "validation": 12_000, "export": 8_000,
+                                       "data_wait": 5_000, "compile": 4_000}),
+                  NodeReport("i-d", "succeeded", ended_at=at(999), phase_ms={"checkpoint_save": 25_000}))
+    # attempt 1 (71 -> 290, 80 of its 100 steps counted): the phases first, then the rest split by steps
+    attempts[0].node_reports[0].phase_ms = {"checkpoint_save": 19_000}
+    goodput = job_goodput(record(attempts, ended=1010), T0)
+    seconds = goodput.seconds
+    assert sum(seconds.values()) == pytest.approx(goodput.wall_s) == 1010
+    assert seconds["checkpoint_save"] == pytest.approx(30 + 19)
+    assert seconds["validation_and_export"] == pytest.approx(20)
+    assert seconds["data_wait"] == pytest.approx(5)
+    assert seconds["compile"] == pytest.approx(41 + 4)  # the first start's, and the recompile after its first step
+    assert seconds["lost_progress"] == pytest.approx((219 - 19) * 0.2)
+    assert seconds[PRODUCTIVE] == pytest.approx((219 - 19) * 0.8 + 200 + 350 - 59)
+    assert goodput.folded == {} and goodput.to_json()["folded"] == {}
+    assert job_goodput(record(three_attempts(), ended=1010), T0).folded == FOLDED  # no record: still folded
+
+
+def test_phase_seconds_beyond_the_span_are_scaled_to_it():
+    attempts = three_attempts()
+    with_phase_ms(attempts[1], NodeReport("i-a", "failed", phase_ms={"checkpoint_save": 300_000, "compile": 100_000}))
+    goodput = job_goodput(record(attempts, ended=1010), T0)
+    # attempt 2's span is 400 -> 600: its 400 s of phases are scaled to 200 s, 3 to 1
+    assert goodput.seconds["checkpoint_save"] == pytest.approx(150)
+    assert goodput.seconds["compile"] == pytest.approx(41 + 50)
+    assert min(goodput.seconds.values()) >= 0
+    assert sum(goodput.seconds.values()) == pytest.approx(1010)
+
+
+def test_the_silence_of_running_nodes_before_the_fault_was_seen_is_failure_detection():
+    attempts = three_attempts()
+    # attempt 2 hangs at 550: its nodes, still running, last printed then; the keeper saw the fault at 600
+    attempts[1].node_reports = [NodeReport("i-a", "running", last_output_at=at(550.25, ms=True)),
+                                NodeReport("i-c", "running", last_output_at=at(549, ms=True))]
+    goodput = job_goodput(record(attempts, ended=1010), T0)
+    assert goodput.seconds["failure_detection"] == pytest.approx(10 + 49.75)
+    assert goodput.seconds[PRODUCTIVE] == pytest.approx(219 * 0.8 + 150.25 + 350)
+    assert sum(goodput.seconds.values()) == pytest.approx(1010)
+    # a node that does not say when it last printed: the keeper's fault_seen, as before
+    attempts[1].node_reports[1].last_output_at = None
+    assert job_goodput(record(attempts, ended=1010), T0).seconds["failure_detection"] == pytest.approx(10)
+
+
+def test_a_job_the_keeper_stopped_runs_to_its_nodes_end_and_their_stop_save_is_checkpoint_save():
+    """A Capacity Block's end: the keeper records the job cancelled at 500 s, its nodes save and end at 530 s."""
+    stopped = Attempt(number=1, nodes=["i-a", "i-b"], rendezvous_host="10.0.0.1", started_at=at(2),
+                      ended_at=at(500), step_reached=80, resumed_from_step=0,
+                      node_reports=[
+                          NodeReport("i-a", "cancelled", ended_at=at(530), phase_ms={"checkpoint_save": 28_000}),
+                          NodeReport("i-b", "cancelled", ended_at=at(529), phase_ms={"checkpoint_save": 27_500})],
+                      timeline=phases(started=5, rendezvous_done=20, checkpoint_loaded=30, compiled=70, first_step=71))
+    goodput = job_goodput(record([stopped], state="cancelled", ended=500), T0)
+    assert goodput.wall_s == 530
+    assert goodput.seconds["checkpoint_save"] == pytest.approx(28)
+    assert goodput.seconds[PRODUCTIVE] == pytest.approx(530 - 71 - 28)
+    assert goodput.seconds["failure_detection"] == 0 and goodput.seconds["job_end"] == 0
+    assert sum(goodput.seconds.values()) == pytest.approx(530)
+
+
+def test_the_record_keeps_the_seconds_as_milliseconds_and_reads_them_back():
+    from cluster_jobs.node_states import NodeJobState
+    from cluster_jobs.ssm_commands import Invocation
+    from cluster_jobs.table import _from_item, _to_item
+
+    answer = json.dumps({"state": "running", "phaseSeconds": {"checkpoint_save": 1.2345, "validation": 2,
+                                                              "bogus": 1.0, "compile": float("inf")},
+                         "lastOutputAt": "2026-11-20T23:00:01.250Z"})
+    state = NodeJobState.from_invocation(Invocation("i-a", "Success", 0, answer + "\n", ""))
+    assert state.phase_seconds == {"checkpoint_save": 1.2345, "validation": 2.0}
+    assert state.dropped == ("phaseSeconds: 2 of 4 items not a known phase with a finite number of seconds in "
+                             "0..31622400",)
+    report = state.report()
+    assert (report.phase_ms, report.last_output_at) == ({"checkpoint_save": 1234, "validation": 2000},
+                                                        "2026-11-20T23:00:01.250Z")
+    stored = record([with_phase_ms(three_attempts()[0], report)], state="running")
+    assert _from_item(_to_item(stored)).attempts[0].node_reports[0] == report

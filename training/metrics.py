@@ -186,7 +186,7 @@ def log_resume(cfg: MetricsConfig, *, rank: int, local_rank: int, step: int, pat
     completed steps) or decided to start fresh (step 0, path None). Global rank 0 prints it, and local rank 0
     of every other node with its ``rank`` as the step lines do, so the status on every node of the job says
     which step this attempt started from (the job keeper's steps lost to a restart: the step reached minus
-    this one). Every rank agreed on the checkpoint (train._agree_on_resume), so the nodes print the same.
+    this one). Every rank agreed on the checkpoint (checkpoint.resume.agree_on_resume), so the nodes print the same.
     ``tier``: "durable" (checkpoint.dir) or "local" (the local tier, ``fetched`` shards of it from another
     node); None for a fresh start. ``path`` of a local resume is this node's shard of rank ``rank``. ``phases``:
     when this start's process group was up ("rendezvous_done") and its checkpoint loaded ("checkpoint_loaded").

@@ -19,10 +19,8 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from training.checkpoint.checkpointer import Checkpointer
@@ -30,7 +28,7 @@ from training.checkpoint.compat import schedule_change
 from training.checkpoint.layout import read_train_state, step_dir
 from training.checkpoint.local_resume import choose_local_resume, keep_only, load_local
 from training.checkpoint.local_tier import LocalCheckpointer
-from training.checkpoint.resume import choose_resume
+from training.checkpoint.resume import agree_on_resume
 from training.compile_cache import (
     CompileCache,
     compile_cache_for,
@@ -66,6 +64,7 @@ from training.preflight import run_preflight
 from training.step import clip_grad_norm_, forward_backward
 from training.tensorboard import open_tensorboard
 from training.validation import Validator, build_validator
+from training.young_daly import IntervalCheck
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +157,7 @@ def _train_in_group(cfg: TrainConfig, resume: str, local_resume: bool, overwrite
             log.warning("%s", warning)
     # the durable checkpoint to resume from (rank 0's choice): a config it cannot load, or a start that would
     # save beside a newer run's checkpoints, fails now, before the model is built
-    resume_path = _agree_on_resume(resume, cfg, dist_info.rank, local_resume=local_resume, overwrite=overwrite)
+    resume_path = agree_on_resume(resume, cfg, dist_info.rank, local_resume=local_resume, overwrite=overwrite)
 
     # a restart compiles warm: Inductor's directory as its job's first start left it in checkpoint.dir, restored
     # on a node that lacks it, as a spare does (compile_cache.py)
@@ -304,6 +303,12 @@ def _loop(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, 
         tensorboard=open_tensorboard(cfg.metrics, cfg.checkpoint.dir, rank=dist_info.rank, start_step=start_step),
         layout=dist_info.layout.settings() if dist_info.layout else None,
     )
+    # the local tier's interval against Young/Daly's optimum for this run, said once the second step is timed
+    interval_check = IntervalCheck(
+        cfg.checkpoint.local_interval_steps, nodes=dist_info.world_size // dist_info.local_world_size,
+        params=num_params(model), start_step=start_step,
+        gpus=dist_info.world_size // (dist_info.layout.dp_replicate if dist_info.layout else 1),
+    ) if dist_info.is_main else None
     if validator is not None and start_step == 0 and cfg.validation.at_start:
         # the baseline, before any step changed the weights (an imported model's own held-out loss): step 0
         with phases.phase(VALIDATION):
@@ -359,6 +364,8 @@ def _loop(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, 
             # step boundary: finish a completed async save, agree on SIGTERM, save when due
             checkpointer.poll()
             stopped = stop.agreed()
+            if interval_check is not None and (advice := interval_check.step_done(done, time.perf_counter())):
+                log.warning("%s", advice)
             if not logged:  # after the stop flag's all_reduce: every rank reached this step's end
                 phases.beat(done)
             if stopped:
@@ -376,21 +383,3 @@ def _loop(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, 
         prefetcher.close()
     return TrainResult(start_step=start_step, steps_done=done, stopped_by_signal=stopped,
                        stop_signal=stop.signal_name if stopped else "")
-
-
-def _agree_on_resume(resume: str, cfg: TrainConfig, rank: int, *, local_resume: bool,
-                     overwrite: bool) -> Path | None:
-    """choose_resume on rank 0, broadcast to all: every rank loads the same step even if a save completes
-    while they look, and the warnings about incomplete directories are logged once, not once per rank; a
-    refusal (a config the checkpoint cannot take, a start beside newer checkpoints) reaches every rank."""
-    choice: list[object] = [None]
-    if rank == 0:
-        try:
-            choice[0] = choose_resume(resume, cfg, local_resume=local_resume, overwrite=overwrite)
-        except ConfigError as exc:
-            choice[0] = exc
-    if dist.is_initialized():
-        dist.broadcast_object_list(choice, src=0)
-    if isinstance(choice[0], ConfigError):
-        raise choice[0]
-    return choice[0]  # type: ignore[return-value]

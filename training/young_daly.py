@@ -61,3 +61,40 @@ def interval_line(nodes: int, params: int, gpus: int, step_s: float) -> str:
             f"{stall:.2f} s (the 1b save measured on an H100, 15.4 s for 16.7 GiB, scaled to "
             f"{params * STATE_BYTES_PER_PARAM / gpus / 2**30:.2f} GiB per GPU); --set "
             f"checkpoint.local_interval_steps={steps}")
+
+
+class IntervalCheck:
+    """The trainer's start-up check of its local checkpoint interval: once the step after the first (which
+    compiles) gives the step time, one line when the interval is far (is_far) from Young/Daly's optimum for
+    this run, None otherwise; nothing without a local tier. `nodes`: WORLD_SIZE / LOCAL_WORLD_SIZE; `gpus`:
+    those one copy of the state is sharded over; `params`: the whole model's."""
+
+    def __init__(self, interval_steps: int, *, nodes: int, params: int, gpus: int, start_step: int) -> None:
+        self.interval_steps, self.nodes, self.params, self.gpus = interval_steps, nodes, params, gpus
+        self.start_step = start_step
+        self._first_done_s: float | None = None  # when the first step of this start ended (time.perf_counter)
+
+    def step_done(self, done: int, now_s: float) -> str | None:
+        """After step `done` ended at `now_s` (seconds, any monotonic clock): the line, once, after the second."""
+        if self.interval_steps <= 0:
+            return None
+        if done == self.start_step + 1:
+            self._first_done_s = now_s
+            return None
+        if done != self.start_step + 2 or self._first_done_s is None:
+            return None
+        return self.advice(step_s=now_s - self._first_done_s)
+
+    def advice(self, step_s: float) -> str | None:
+        if step_s <= 0:
+            return None
+        stall = save_stall_s(self.params, self.gpus)
+        optimal = optimal_interval_steps(self.nodes, stall, step_s)
+        if not is_far(self.interval_steps, optimal):
+            return None
+        side = f"more than {FAR_FACTOR:g}x" if self.interval_steps > optimal else f"under 1/{FAR_FACTOR:g} of"
+        return (f"checkpoint.local_interval_steps={self.interval_steps} is {side} Young/Daly's "
+                f"optimum for this run, every {optimal:,} steps (sqrt(2 x MTBF x save): MTBF "
+                f"{job_mtbf_s(self.nodes) / 3600:,.1f} h at {self.nodes} nodes at Llama 3's interruption rate, save "
+                f"stall {stall:.2f} s estimated, step {step_s:.3g} s measured); --set "
+                f"checkpoint.local_interval_steps={optimal}")

@@ -21,6 +21,7 @@ from node_bootstrap.jobs.job_report import (  # noqa: F401 - the finders are re-
     checked_int,
     checked_name,
     checked_network,
+    checked_phase_seconds,
     checked_provider,
     checked_recorded_phases,
     find_busbw,
@@ -174,6 +175,11 @@ def job_status(settings: JobSettings, job_id: str) -> dict[str, object]:
                                           COMPILE_CACHE_STATES)
     if "phases" in status:
         result["phases"] = checked_recorded_phases(status.get("phases"), rejected)
+    if "phaseSeconds" in status:  # the supervisor's seconds per phase after the first step (progress.py)
+        result["phaseSeconds"] = checked_phase_seconds(status.get("phaseSeconds"), rejected)
+    # when the job last printed (the log's last write, to the millisecond): a job that went silent went so then;
+    # the job's goodput counts its silence before a fault was seen as failure detection (cluster_jobs/goodput.py)
+    result["lastOutputAt"] = last_output_at(files.log_path)
     result["lastStep"], result["lastLoss"] = step
     # the newest held-out loss while its step line is in the log's tail (LOG_TAIL_BYTES); None without one
     validation = step_report(find_last_validation(tail), rejected, "lastValStep", "val_loss", "lastValLoss")
@@ -191,6 +197,15 @@ def job_status(settings: JobSettings, job_id: str) -> dict[str, object]:
     result["rejectedValues"] = rejected.as_dict()  # {}: every value read from the job passed the schema
     result["logPath"] = files.log_path
     return result
+
+
+def last_output_at(log_path: str) -> Optional[str]:
+    """The job log's last modification, UTC to the millisecond (the trainer's phase time form); None without one."""
+    try:
+        ns = os.stat(log_path).st_mtime_ns
+    except OSError:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ns // 10**9)) + f".{ns // 10**6 % 1000:03d}Z"
 
 
 def descendants(pid: int) -> list[int]:

@@ -25,6 +25,7 @@ from node_bootstrap.job_contract import (
     BEAT_EVENT,
     COMPILE_CACHE_STATES,
     MAX_PHASE_BOUND_SECONDS,
+    MAX_PHASE_SECONDS,
     PHASE_EVENT,
     PHASE_NAMES,
     PHASE_STATES,
@@ -138,6 +139,23 @@ def checked_phases(value: object, rejected: Rejections) -> dict[str, str]:
         elif when:  # the trainer leaves out a phase it did not reach; an empty value is no claim
             rejected.add("phases")
     return phases
+
+
+def checked_phase_seconds(value: object, rejected: Rejections) -> dict[str, float]:
+    """The supervisor's seconds per phase (status "phaseSeconds"): PHASE_NAMES, each a finite number in
+    0..MAX_PHASE_SECONDS; each other item dropped and counted as "phaseSeconds"."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        rejected.add("phaseSeconds")
+        return {}
+    kept: dict[str, float] = {}
+    for name, seconds in value.items():
+        if name in PHASE_NAMES and _is_number(seconds) and 0 <= seconds <= MAX_PHASE_SECONDS:  # type: ignore[operator]
+            kept[name] = float(seconds)  # type: ignore[arg-type]
+        else:
+            rejected.add("phaseSeconds")
+    return kept
 
 
 def checked_recorded_phases(value: object, rejected: Rejections) -> dict[str, str]:

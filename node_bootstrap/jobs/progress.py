@@ -39,6 +39,11 @@ A step line ends any phase still open (the trainer went on; an end record may ha
 first step after a (re)start the start timeout still applies; a phase then only ever moves the deadline later.
 The timeouts are capped at the upper bound, jobHangTimeoutSeconds, in both modes. A malformed phase record is
 dropped and counted (job_report.phase_report) and changes nothing.
+
+The watch also sums the seconds the trainer spent in each phase after its first step since the (re)start
+(`phase_seconds`, status "phaseSeconds"): a phase inside another counts for the inner one only, so no second
+counts twice; before the first step (the start-up's checkpoint load and compile, which the restart timeline
+times already) nothing counts. The job's goodput moves them out of its productive time (cluster_jobs/goodput.py).
 """
 
 import threading
@@ -98,6 +103,11 @@ class ProgressWatch:
         self.longest_phase_s: dict[str, float] = {}
         self._open: list[tuple[str, float, float, str]] = []  # (name, started at, timeout, basis)
         self._interval_held_phase = False
+        # the seconds in each phase after the first step (the innermost open one counts), and since when the
+        # open phase has counted; `phase_changes` counts the phases ended, so the supervisor records only then
+        self.phase_seconds: dict[str, float] = {}
+        self.phase_changes = 0
+        self._phase_mark = clock()
         self._waiting_for = "the first step"
         self._timeout_s, self._basis = start_timeout_s, "the start timeout, jobStartTimeoutSeconds"
         self._deadline = clock() + start_timeout_s
@@ -169,6 +179,7 @@ class ProgressWatch:
                 return
         if RESTART_MARKER in line:
             with self._lock:
+                self._count_phase(self._clock())
                 self._last_step_clock = None  # the wait for the restarted workers' first step is no interval
                 self._open.clear()
                 self._waiting_for = "the first step after torchrun restarted the workers"
@@ -178,6 +189,7 @@ class ProgressWatch:
     def _observe_step(self, step: Optional[int]) -> None:
         """A step line or a beat: the trainer finished `step` (None: a step line whose step failed the schema)."""
         now = self._clock()
+        self._count_phase(now)
         if self._last_step_clock is not None:
             interval = now - self._last_step_clock
             self.slowest_interval_s = max(self.slowest_interval_s, interval)
@@ -186,7 +198,9 @@ class ProgressWatch:
                 self.recent.append(interval)
         self._last_step_clock = now
         self._interval_held_phase = False
-        self._open.clear()  # the trainer went on: a phase whose end record was lost is over
+        if self._open:  # the trainer went on: a phase whose end record was lost is over
+            self.phase_changes += 1
+            self._open.clear()
         self.last_step = step
         self.last_step_at = utc_now()
         self._wait(now, "a step", self.hang_timeout())
@@ -196,6 +210,7 @@ class ProgressWatch:
         if report is None:
             return  # dropped and counted
         now, started = self._clock(), self._last_step_clock is not None
+        self._count_phase(now)
         self.phase_aware = True
         self._interval_held_phase = True
         if report.state == "start":
@@ -209,12 +224,26 @@ class ProgressWatch:
         index = len(names) - 1 - names[::-1].index(report.phase)
         _, began, _, _ = self._open.pop(index)
         del self._open[index:]  # phases opened inside it and never ended ended with it
+        self.phase_changes += 1
         self.longest_phase_s[report.phase] = max(self.longest_phase_s.get(report.phase, 0.0), now - began)
         if self._open:  # back in the outer phase: its bound starts again
             outer, _, timeout, basis = self._open[-1]
             self._wait(now, f"the end of the {outer} phase", (timeout, basis), started)
         elif started:  # the rest of the step: its cadence (before the first step the start timeout still runs)
             self._wait(now, "a step", self.hang_timeout())
+
+    def _count_phase(self, now: float) -> None:
+        """The time since the last change to the innermost open phase, once a step was seen since the start."""
+        if self._open and self._last_step_clock is not None:
+            name = self._open[-1][0]
+            self.phase_seconds[name] = self.phase_seconds.get(name, 0.0) + max(0.0, now - self._phase_mark)
+        self._phase_mark = now
+
+    def phase_totals(self) -> dict[str, float]:
+        """`phase_seconds` with the open phase's time so far, rounded to the millisecond (status "phaseSeconds")."""
+        with self._lock:
+            self._count_phase(self._clock())
+            return {name: round(seconds, 3) for name, seconds in self.phase_seconds.items()}
 
     def poll_interval_s(self) -> float:
         """How often the watchdog asks: a small part of the shortest timeout that can apply."""

@@ -118,6 +118,7 @@ class Supervisor:
         # the trainer's step metrics as the node publishes them, from the job's EMF lines (job_metrics.py)
         self.metrics = MetricsFile(self.files.metrics_path, settings.metrics_namespace, settings.stack_name, job_id,
                                    self.cap.log_max_bytes // 8, self.rejected)
+        self._phase_changes = 0  # the watch's phase_changes last recorded in the status ("phaseSeconds")
         self.hung: Optional[str] = None  # why the job was declared hung
         self.abort: Optional[dict[str, object]] = None  # the stop request of an abort, once one came
         self.trainer_stopped = False  # the trainer logged its checkpointed stop (a stop request, on any node)
@@ -174,6 +175,8 @@ class Supervisor:
         write_json_atomic(self.files.status_path, self.status)
 
     def _finish(self, state: str, exit_code: Optional[int], **extra: object) -> int:
+        if self.watch is not None:
+            self.status["phaseSeconds"] = self.watch.phase_totals()
         self.status.update(state=state, exitCode=exit_code, endedAt=utc_now(), **extra)
         self._record()
         return exit_code if exit_code is not None else EXIT_FAILED
@@ -267,6 +270,10 @@ class Supervisor:
         Every value goes through job_report's schema first: one that fails is dropped and counted."""
         if self.watch is not None:
             self.watch.observe(line)
+            if self.watch.phase_changes != self._phase_changes:  # a phase ended: its seconds in the status
+                self._phase_changes = self.watch.phase_changes
+                self.status["phaseSeconds"] = self.watch.phase_totals()
+                self._record()
         if _TRAINER_STOPPED in line:
             self.trainer_stopped = True
         if _RESUME_HINT not in line and _PHASES_HINT not in line:

@@ -101,6 +101,9 @@ def test_a_lost_rendezvous_node_is_replaced_and_the_job_resumes_bit_exact(drill,
     assert sum(seconds.values()) == pytest.approx(goodput["wall_s"], rel=0.01), goodput
     assert min(seconds.values()) >= 0 and seconds["productive"] > 0 and seconds["restart"] > 0, goodput
     assert (seconds["lost_progress"] > 0) == (steps_lost > 0), goodput
+    # no spare: the restart waited for the replacement (booted at once here: minutes on a P5) and the survivor's
+    # stop; the durable saves every 5 steps (blocking: async_save=false) are checkpoint_save, from the phase records
+    assert seconds["waiting_for_nodes"] > 0 and seconds["checkpoint_save"] > 0 and goodput["folded"] == {}, goodput
     print("keeper drill goodput: " + json.dumps(goodput))
     listed = drill.clusterctl_json("jobs")
     assert listed["activeJobId"] is None
@@ -203,6 +206,13 @@ def test_a_capacity_block_end_stops_the_job_and_it_is_never_restarted(drills):
     # the block's end stops with the trainer's checkpoint: the document's default mode (save), never an abort
     (cancel,) = [r["Parameters"] for r in drill.cluster.sent if r["Parameters"]["action"] == ["cancel"]]
     assert "cancelMode" not in cancel and cancel["cancelTimeoutSeconds"] == ["120"], cancel
+    # its goodput: the wall time runs to the nodes' end, the stop's save is checkpoint_save, and no failure cost
+    goodput = drill.clusterctl_json("status", job_id)["record"]["goodput"]
+    seconds = goodput["seconds"]
+    assert sum(seconds.values()) == pytest.approx(goodput["wall_s"], rel=0.01), goodput
+    assert seconds["checkpoint_save"] > 0 and seconds["productive"] > 0, goodput
+    assert seconds["failure_detection"] == seconds["lost_progress"] == seconds["restart"] == 0, goodput
+    print("capacity-block drill goodput: " + json.dumps(goodput))
     # EC2 then terminates the instances: the keeper does not bring the job back
     lost = record.attempts[0].nodes[0]
     drill.cluster.boot(drill.cluster.lose(lost))

@@ -58,6 +58,17 @@ def straight_losses(tmp_path_factory, drill_machine_tmp) -> dict[int, float]:
     return straight.losses
 
 
+def drill_goodput(drill, job_id: str, what: str) -> dict:
+    """The job's goodput as `clusterctl status --json` gives it (cluster_jobs/goodput.py), its categories checked to
+    add up to its wall time within 1%, and printed (docs/benchmarks.md's goodput drill)."""
+    goodput = drill.clusterctl_json("status", job_id)["record"]["goodput"]
+    seconds = goodput["seconds"]
+    assert sum(seconds.values()) == pytest.approx(goodput["wall_s"], rel=0.01), goodput
+    assert min(seconds.values()) >= 0 and seconds["productive"] > 0 and goodput["folded"] == {}, goodput
+    print(f"{what} goodput: " + json.dumps(goodput))
+    return seconds
+
+
 def attempt_2_losses(drill, job_id: str, nodes: list[str]) -> dict[int, float]:
     """Rank 0's losses in attempt 2 (the node it ran on has them)."""
     parts = [attempt_part("", drill.cluster.nodes[n].job_log(job_id), 2)[1] for n in nodes]
@@ -123,6 +134,16 @@ def test_a_lost_node_restarts_at_once_on_the_spare_from_the_local_tier(drills, s
     assert timeline is not None and set(timeline["seconds_from_fault"]) >= set(NODE_PHASES), timeline
     print("clean-death drill timeline: " + json.dumps({**timeline, "loss_to_first_step_s": round(seconds, 1),
                                                        "steps_lost": steps_lost}))
+    # the lost node's cost: the survivor's abort (waiting for nodes: none, the spare was ready), the next attempt's
+    # start-up (restart) and the steps re-run; the local tier's saves (every 10 steps) are checkpoint_save
+    cost = drill_goodput(drill, job_id, "clean-death drill")
+    assert cost["waiting_for_nodes"] > 0 and cost["restart"] > 0 and cost["checkpoint_save"] > 0, cost
+    assert (cost["lost_progress"] > 0) == (steps_lost > 0), cost
+    # the trainer said at its start that a local interval of 10 steps is far below Young/Daly's optimum for a
+    # tiny model's save (training/young_daly.py IntervalCheck)
+    logs = "".join(attempt_part("", drill.cluster.nodes[n].job_log(job_id), 2)[1] for n in second.nodes)
+    assert (f"checkpoint.local_interval_steps={LOCAL_INTERVAL} is under 1/3 of Young/Daly's optimum for this run"
+            in logs), logs[-3000:]
 
     # bit for bit the straight run's losses from the resumed step on (2 ranks, the same config, no failure)
     after_restart = {s: v for s, v in attempt_2_losses(drill, job_id, done.attempts[1].nodes).items() if s > resumed}
@@ -201,6 +222,12 @@ def test_a_hung_node_with_compile_on_is_aborted_around_and_resumed_on_the_spare(
     # a measurement, not an assertion (a loaded machine must not fail the suite): docs/operations.md records it
     print("hung-node drill timeline: " + json.dumps({**timeline, "hang_to_first_step_s": round(seconds, 1),
                                                      "budget_s": HUNG_NODE_BUDGET_S, "steps_lost": steps_lost}))
+    # the hang's cost: the survivor silent inside its collective from the hang until the keeper ended the attempt
+    # (failure detection: the survivor's last output, NodeReport.last_output_at), its abort, the restart, the
+    # steps re-run
+    cost = drill_goodput(drill, job_id, "hung-node drill")
+    assert cost["failure_detection"] > 0 and cost["waiting_for_nodes"] > 0 and cost["restart"] > 0, cost
+    assert (cost["lost_progress"] > 0) == (steps_lost > 0), cost
 
     after_restart = {s: v for s, v in attempt_2_losses(drill, job_id, done.attempts[1].nodes).items() if s > resumed}
     assert after_restart == {s: v for s, v in straight_losses.items() if s > resumed}

@@ -19,6 +19,8 @@ import logging
 import shutil
 from pathlib import Path
 
+import torch.distributed as dist
+
 from training.checkpoint.compat import check_resumable
 from training.checkpoint.layout import (
     DCP_METADATA_FILE,
@@ -127,3 +129,21 @@ def claim_checkpoint_dir(resume: str, start_step: int, checkpoint_root: str, *, 
             log.warning("--overwrite-checkpoints: deleted %d step director%s after step %d under %s (steps %s)",
                         len(newer), "y" if len(newer) == 1 else "ies", start_step, root,
                         ", ".join(str(s) for s, _ in newer))
+
+
+def agree_on_resume(resume: str, cfg: TrainConfig, rank: int, *, local_resume: bool,
+                    overwrite: bool) -> Path | None:
+    """choose_resume on rank 0, broadcast to all: every rank loads the same step even if a save completes
+    while they look, and the warnings about incomplete directories are logged once, not once per rank; a
+    refusal (a config the checkpoint cannot take, a start beside newer checkpoints) reaches every rank."""
+    choice: list[object] = [None]
+    if rank == 0:
+        try:
+            choice[0] = choose_resume(resume, cfg, local_resume=local_resume, overwrite=overwrite)
+        except ConfigError as exc:
+            choice[0] = exc
+    if dist.is_initialized():
+        dist.broadcast_object_list(choice, src=0)
+    if isinstance(choice[0], ConfigError):
+        raise choice[0]
+    return choice[0]  # type: ignore[return-value]
