@@ -49,8 +49,9 @@ from __future__ import annotations
 import dataclasses
 import datetime
 
+from cluster_jobs.compaction import node_summary
+from cluster_jobs.job_record import parse_phase
 from cluster_jobs.table import FINAL_STATES, Attempt, JobRecord, parse_time
-from cluster_jobs.timeline import parse_phase
 
 PRODUCTIVE = "productive"
 BADPUT = ("waiting_for_nodes", "startup", "checkpoint_load", "compile", "restart", "checkpoint_save",
@@ -150,7 +151,7 @@ def job_goodput(record: JobRecord, now: datetime.datetime) -> Goodput | None:
         following = record.attempts[index + 1] if index + 1 < len(record.attempts) else None
         tail = _walk_attempt(walk, attempt, following, first=index == 0)
     walk.to(walk.end, "job_end" if final else tail)
-    recorded = any(r.phase_ms is not None for a in record.attempts for r in a.node_reports)
+    recorded = any(node_summary(a).phase_ms is not None for a in record.attempts)
     return Goodput(wall_s=(walk.end - submit).total_seconds(), seconds=walk.seconds,
                    folded={} if recorded else dict(FOLDED))
 
@@ -188,8 +189,7 @@ def _attempt_end(attempt: Attempt) -> datetime.datetime | None:
 
 def _jobs_ended(attempt: Attempt) -> datetime.datetime | None:
     """When the last of the attempt's nodes saw its job end (the nodes' reports), if every one says so."""
-    ends = [parse_time(r.ended_at) for r in attempt.node_reports]
-    return max(ends) if ends and all(e is not None for e in ends) else None  # type: ignore[type-var]
+    return parse_time(node_summary(attempt).last_ended_at)
 
 
 def _fault_time(attempt: Attempt) -> datetime.datetime | None:
@@ -199,22 +199,18 @@ def _fault_time(attempt: Attempt) -> datetime.datetime | None:
     seen = parse_phase(attempt.timeline.get("fault_seen", ""))
     if seen is None:
         return None
-    ends = [e for r in attempt.node_reports if (e := parse_time(r.ended_at)) is not None and e < seen]
-    quiet = [parse_phase(r.last_output_at or "") for r in attempt.node_reports if r.state == "running"]
-    if quiet and all(q is not None for q in quiet) and (newest := max(quiet)) < seen:  # type: ignore[type-var]
-        ends.append(newest)  # type: ignore[arg-type]
-    return min(ends, default=seen)
+    summary = node_summary(attempt)  # of its reports, or the one kept once they were compacted
+    first, quiet = parse_time(summary.first_ended_at), parse_phase(summary.quiet_since or "")
+    return min([e for e in (first, quiet) if e is not None and e < seen], default=seen)
 
 
 def _phase_seconds(attempt: Attempt) -> dict[str, float]:
     """The seconds of each category in the attempt's training span: of each phase, the most any node reports
     (the nodes run their saves, validations and compiles together)."""
     seconds: dict[str, float] = {}
-    for report in attempt.node_reports:
-        for phase, ms in (report.phase_ms or {}).items():
-            category = PHASE_CATEGORIES.get(phase)
-            if category is not None and ms > 0:
-                seconds[phase] = max(seconds.get(phase, 0.0), ms / 1000)
+    for phase, ms in (node_summary(attempt).phase_ms or {}).items():  # each phase's most of any node
+        if PHASE_CATEGORIES.get(phase) is not None and ms > 0:
+            seconds[phase] = ms / 1000
     by_category: dict[str, float] = {}
     for phase, value in seconds.items():
         by_category[PHASE_CATEGORIES[phase]] = by_category.get(PHASE_CATEGORIES[phase], 0.0) + value

@@ -28,6 +28,7 @@ from cluster_jobs.table import (
     parse_time,
     utc_now_text,
 )
+from cluster_jobs.timeline import with_node_phases
 from instance_catalog.instance_types import UnknownInstanceType
 from node_bootstrap import jobs as node_jobs
 
@@ -113,7 +114,8 @@ def node_report(state: NodeJobState) -> NodeReport:
 
 def with_node_answers(record: JobRecord, states: Sequence[NodeJobState]) -> JobRecord | None:
     """The record with the nodes' answers as its current attempt's reports (a node that did not answer keeps
-    its last report) and the highest step they logged; None when that changes nothing."""
+    its last report), their start-up phases in its timeline (as the keeper's rounds merge them: goodput's
+    start-up categories read them) and the highest step they logged; None when that changes nothing."""
     current = record.current
     if current is None:
         return None
@@ -126,9 +128,10 @@ def with_node_answers(record: JobRecord, states: Sequence[NodeJobState]) -> JobR
     if current.step_reached is not None:
         steps.append(current.step_reached)
     step_reached = max(steps) if steps else None
-    if reports == current.node_reports and step_reached == current.step_reached:
+    phased = with_node_phases(current, states)
+    if reports == current.node_reports and step_reached == current.step_reached and phased is current:
         return None
-    attempt = dataclasses.replace(current, node_reports=reports, step_reached=step_reached)
+    attempt = dataclasses.replace(phased, node_reports=reports, step_reached=step_reached)
     return dataclasses.replace(record, attempts=[*record.attempts[:-1], attempt])
 
 

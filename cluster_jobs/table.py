@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import logging
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
@@ -24,121 +24,30 @@ import botocore.exceptions
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 
 from cluster_aws.errors import ClusterctlError
-from cluster_jobs import record_schema
-from node_bootstrap.job_contract import TABLE_ACTIVE_STATES
+from cluster_jobs import compaction, record_schema
+from cluster_jobs.job_record import (
+    ACTIVE_STATES,
+    FINAL_STATES,
+    STATES,
+    Attempt,
+    JobRecord,
+    NodeReport,
+    NodeSummary,
+    parse_time,
+    utc_now_text,
+)
 
 LOCK_KEY = "cluster#active-job"  # never a job id (node_bootstrap.jobs.JOB_ID_RE)
-ACTIVE_STATES = TABLE_ACTIVE_STATES  # the nodes check a start against the same states
-FINAL_STATES = ("succeeded", "failed", "cancelled")
-STATES = ACTIVE_STATES + FINAL_STATES
 MAX_CONFIG_TEXT_BYTES = 64 * 1024  # a DynamoDB item holds 400 KB; a training TOML is a few KB
+LOG = logging.getLogger("cluster_jobs.table")
 
 _SERIALIZER = TypeSerializer()
 _DESERIALIZER = TypeDeserializer()
 
-
-def utc_now_text(now: datetime.datetime) -> str:
-    return now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(text: str | None) -> datetime.datetime | None:
-    if not text:
-        return None
-    return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
-
-
-@dataclass
-class NodeReport:
-    """One node's last answer about the job (node_bootstrap.jobs status, through the jobs document)."""
-
-    instance_id: str
-    state: str  # running, succeeded, failed, cancelled, hung, not-found, unknown, gone
-    exit_code: int | None = None
-    last_step: int | None = None
-    started_at: str | None = None
-    ended_at: str | None = None
-    detail: str | None = None
-    compile_cache: str | None = None  # with torch.compile: "snapshot" (a warm compile) or "cold"; None: unknown
-    # milliseconds the trainer spent in each phase after its first step (job_contract.PHASE_NAMES; milliseconds:
-    # DynamoDB's serializer takes no float), and when the job last printed (UTC, to the millisecond)
-    phase_ms: dict[str, int] | None = None
-    last_output_at: str | None = None
-    # what the node's answer held outside cluster_jobs/node_answer.py's schema, dropped: one warning each
-    dropped: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Attempt:
-    """One start of the job on one node set. Attempt 1 is the submit; each restart adds one."""
-
-    number: int
-    nodes: list[str]  # instance ids, ordered by private IP
-    rendezvous_host: str  # the private IP of the node hosting the c10d store (the first of `nodes`)
-    started_at: str
-    ended_at: str | None = None
-    end_reason: str | None = None  # why it ended: the fault that caused the restart, or the final outcome
-    step_reached: int | None = None  # the highest step its nodes logged
-    resumed_from_step: int | None = None  # the checkpoint step it resumed from (0: from scratch); None: unknown
-    resumed_from_tier: str | None = None  # "local" (node-local shards and replicas) or "durable" (FSx); None: fresh
-    node_reports: list[NodeReport] = field(default_factory=list)
-    # its restart timeline: phase -> UTC time to the millisecond (cluster_jobs/timeline.py PHASES)
-    timeline: dict[str, str] = field(default_factory=dict)
-    fault_seen_by: str | None = None  # what saw the fault that ended it (the keeper round's trigger)
-
-
-@dataclass
-class JobRecord:
-    job_id: str
-    module: str  # node_bootstrap.jobs.MODULES
-    config: str  # the training TOML's path as the nodes see it ("" for a commcheck)
-    config_text: str  # its content at submit time ("" when it lives on the nodes only, or for a commcheck)
-    overrides: list[str]
-    resume_from: str  # another job whose checkpoints the first attempt may start from, or ""
-    nodes: int
-    gpus_per_node: int
-    max_restarts: int  # torchrun's in-place restarts per attempt
-    max_job_restarts: int  # the keeper's restarts on a new node set (the stack's maxJobRestarts)
-    instance_type: str
-    checkpoint_dir: str  # where every attempt saves and resumes ("" for a commcheck)
-    state: str
-    created_at: str
-    updated_at: str
-    attempts: list[Attempt] = field(default_factory=list)
-    ended_at: str | None = None
-    reason: str | None = None  # why the job is in its state: a restart's cause, or the final outcome
-    cancel_requested_by: str | None = None  # "clusterctl cancel" or "capacity block end"
-    fp8_backend: str | None = None  # the trainer's fp8.backend; None: not known here (a commcheck, a node config)
-    version: int = 0  # optimistic concurrency: every put is conditional on the version read
-    # stored values that did not fit their field when this record was read (cluster_jobs/record_schema.py),
-    # dropped: shown by status and jobs, never written back (the next save writes the record clean)
-    dropped_on_read: list[str] = field(default_factory=list, compare=False)
-
-    @property
-    def attempt(self) -> int:
-        return len(self.attempts)
-
-    @property
-    def current(self) -> Attempt | None:
-        return self.attempts[-1] if self.attempts else None
-
-    @property
-    def restarts(self) -> int:
-        return max(0, len(self.attempts) - 1)
-
-    @property
-    def last_step(self) -> int | None:
-        steps = [a.step_reached for a in self.attempts if a.step_reached is not None]
-        return max(steps) if steps else None
-
-    def steps_lost(self, number: int) -> int | None:
-        """Steps attempt `number` reached that the next attempt had to redo (reached - resumed from)."""
-        if number >= len(self.attempts):
-            return None
-        reached = self.attempts[number - 1].step_reached
-        resumed = self.attempts[number].resumed_from_step
-        if reached is None or resumed is None:
-            return None
-        return max(0, reached - resumed)
+# the record's classes live in cluster_jobs/job_record.py; their readers import them from here as before
+__all__ = ["ACTIVE_STATES", "FINAL_STATES", "LOCK_KEY", "MAX_CONFIG_TEXT_BYTES", "STATES", "Attempt",
+           "JobAlreadyActive", "JobRecord", "JobTable", "JobTableError", "NodeReport", "NodeSummary", "StaleRecord",
+           "UnreadableRecord", "parse_time", "utc_now_text"]
 
 
 class JobTableError(ClusterctlError):
@@ -193,12 +102,24 @@ def _from_item(item: dict[str, Any]) -> JobRecord:
                                                        dropped))
                 except record_schema.UnreadableRecord as e:  # a node's report is for people only: left out
                     dropped.append(f"{e}: the report dropped")
-            attempts.append(record_schema.build(Attempt, {**raw, "node_reports": reports}, f"attempts[{n}].",
-                                                dropped))
+            summary = _summary(raw.pop("node_summary", None), f"attempts[{n}].node_summary", dropped)
+            attempts.append(record_schema.build(Attempt, {**raw, "node_reports": reports, "node_summary": summary},
+                                                f"attempts[{n}].", dropped))
         record = record_schema.build(JobRecord, {**data, "attempts": attempts}, "", dropped)
     except record_schema.UnreadableRecord as e:
         raise UnreadableRecord(f"job {job_id}: its record in the job table cannot be read: {e}") from None
     return dataclasses.replace(record, dropped_on_read=dropped) if dropped else record
+
+
+def _summary(value: Any, where: str, dropped: list[str]) -> NodeSummary | None:
+    """An earlier attempt's summary (absent in records written before compaction.py: None, and the readers
+    summarize its reports); one that does not fit is dropped."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        dropped.append(f"{where}: {record_schema.describe(value)}, not a map: dropped")
+        return None
+    return record_schema.build(NodeSummary, value, f"{where}.", dropped)  # no required field: never raises
 
 
 def _items(value: Any, where: str) -> list[dict[str, Any]]:
@@ -328,9 +249,15 @@ class JobTable:
         """Writes `record` if nobody wrote the job since it was read (StaleRecord otherwise); a record in a
         final state gives the lock back, if it holds it, in the same transaction. Returns the record as written."""
         written = dataclasses.replace(record, version=record.version + 1, updated_at=utc_now_text(now))
+        # earlier attempts compacted, and more dropped while the item is near DynamoDB's 400 KB (compaction.py)
+        written = compaction.fit_record(written, lambda r: compaction.item_size_bytes(_to_item(r)))
+        item = _to_item(written)
+        if (size := compaction.item_size_bytes(item)) > compaction.SAFE_ITEM_BYTES:
+            LOG.warning("job %s: its record is %d bytes after compaction (DynamoDB refuses over %d)",
+                        record.job_id, size, compaction.MAX_ITEM_BYTES)
         put = {
             "TableName": self.table_name,
-            "Item": _to_item(written),
+            "Item": item,
             "ConditionExpression": "#version = :read",
             "ExpressionAttributeNames": {"#version": "version"},
             "ExpressionAttributeValues": {":read": {"N": str(record.version)}},

@@ -20,6 +20,8 @@ import dataclasses
 import datetime
 from collections.abc import Sequence
 
+from cluster_jobs.compaction import node_summary
+from cluster_jobs.job_record import parse_phase
 from cluster_jobs.node_states import NodeJobState
 from cluster_jobs.table import Attempt, JobRecord
 
@@ -32,13 +34,6 @@ def phase_text(now: datetime.datetime) -> str:
     """`now` as a phase time: UTC, to the millisecond."""
     utc = now.astimezone(datetime.UTC)
     return utc.strftime("%Y-%m-%dT%H:%M:%S") + f".{utc.microsecond // 1000:03d}Z"
-
-
-def parse_phase(text: str) -> datetime.datetime | None:
-    try:
-        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except (TypeError, ValueError):
-        return None
 
 
 def with_node_phases(attempt: Attempt, states: Sequence[NodeJobState]) -> Attempt:
@@ -72,10 +67,12 @@ def restart_seconds(record: JobRecord, number: int) -> dict[str, object] | None:
             if when is not None:
                 seconds[phase] = round((when - fault).total_seconds(), 3)
     # with torch.compile: how many of the next attempt's nodes compiled warm from the job's snapshot
-    compiled = [r.compile_cache for r in following.node_reports if r.compile_cache]
+    # (its summary's counts once it is no longer the current attempt: compaction.node_summary)
+    compiled = node_summary(following).compile_cache
     return {"attempt": following.number, "fault": ended.end_reason, "fault_seen_by": ended.fault_seen_by,
             "tier": following.resumed_from_tier, "resumed_from_step": following.resumed_from_step,
-            "compile_cache": {"snapshot": compiled.count("snapshot"), "nodes": len(compiled)} if compiled else None,
+            "compile_cache": {"snapshot": compiled.get("snapshot", 0), "nodes": sum(compiled.values())}
+            if compiled else None,
             "seconds_from_fault": seconds}
 
 

@@ -17,7 +17,9 @@ survivors and starts the next attempt when enough nodes are ready):
   local or durable checkpoint tier, and a collective save could only block without the lost node), wait until
   the group again has the job's node count of ready nodes, and start the next attempt on the first of them by
   private IP (a new rendezvous host: the old one may be the node that was lost) with the same job id and
-  checkpoint directory: the trainer's `--resume auto` loads the newest complete checkpoint. The attempt is
+  checkpoint directory: the trainer's `--resume auto` loads the newest complete checkpoint. That write keeps of
+  the ended attempt only the reports of the nodes that explain its end and their summary (JobTable.save,
+  cluster_jobs/compaction.py: the record stays one DynamoDB item at 256 nodes). The attempt is
   written before any node is told to start, so a `cancel` written meanwhile makes the write fail (job_table's
   optimistic concurrency) and the keeper stops there; a cancel that lands after the write is seen right after
   the start, and the new attempt is cancelled.

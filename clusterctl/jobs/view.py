@@ -11,7 +11,7 @@ from cluster_jobs import records as job_records
 from cluster_jobs.export import export_place, exported_step
 from cluster_jobs.goodput import job_goodput, summary_line
 from cluster_jobs.node_states import GONE, NodeJobState, is_commcheck, overall_state, reported_busbw
-from cluster_jobs.table import JobRecord
+from cluster_jobs.table import Attempt, JobRecord
 from cluster_jobs.timeline import restart_seconds, timeline_lines
 from clusterctl.jobs.layout_view import layout_line, record_layout
 from clusterctl.render import format_table
@@ -82,7 +82,7 @@ def format_record(record: JobRecord, checkpoint_bucket: str | None = None, nodes
         ("ATTEMPT", "NODES", "RENDEZVOUS", "STARTED", "ENDED", "STEP", "RESUMED FROM", "STEPS LOST", "REASON"),
         rows,
     ))
-    lines += [f"attempt {a.number} nodes: {', '.join(a.nodes)}" for a in record.attempts]
+    lines += [f"attempt {a.number} nodes: {', '.join(a.nodes)}{_summarized(a)}" for a in record.attempts]
     lines += timeline_lines(record)  # each restart's phases, in seconds from its fault
     if now is not None and (goodput := job_goodput(record, now)) is not None:
         lines.append(summary_line(goodput))
@@ -104,6 +104,16 @@ def export_lines(record: JobRecord, fsx_dir: str, s3_uri: str | None, nodes_stat
     elif record.state not in ("failed", "cancelled"):
         lines.append(f"model: lands in {where} once the export succeeds")
     return lines
+
+
+def _summarized(attempt: Attempt) -> str:
+    """An earlier attempt's node states, counted, once its reports were compacted (cluster_jobs/compaction.py):
+    " (node states: gone 1, running 255; 1 report kept)"."""
+    summary = attempt.node_summary
+    if summary is None or not summary.reports:  # not compacted, or no node had answered
+        return ""
+    states = ", ".join(f"{state} {count}" for state, count in sorted(summary.states.items()))
+    return f" (node states: {states}; {len(attempt.node_reports)} report(s) kept)"
 
 
 def _resumed(step: int | None, tier: str | None) -> str | int | None:

@@ -98,14 +98,17 @@ def test_ctrl_c_on_a_one_process_run_saves_at_the_step_boundary_and_exits_0(tmp_
         [sys.executable, "-m", "training", "--config", "tiny-cpu", "--set", "run.steps=100000", "--set",
          "run.log_interval_steps=1", "--set", f"checkpoint.dir={tmp_path}"],
         cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    seen = []  # the lines read before the signal: the stop may come right after the step that triggered it
     try:
         for line in proc.stdout:  # the signal comes once training runs, as a user's Ctrl-C would
+            seen.append(line)
             if json.loads(line).get("step", 0) >= 3 and '"event": "step"' in line:
                 proc.send_signal(signal.SIGINT)
                 break
         out, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
+    out = "".join(seen) + out
     steps = [json.loads(x)["step"] for x in out.splitlines() if '"event": "step"' in x]
     stopped = [x.split("WARNING training: ", 1)[1] for x in err.splitlines() if "WARNING training: stopped" in x]
     assert proc.returncode == 0, err
