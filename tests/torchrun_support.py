@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -79,10 +80,12 @@ def torchrun(overrides: list[str], *, resume: str = "auto", entry: tuple[str, ..
     return Run(proc.returncode, proc.stdout)
 
 
-def torchrun_and_signal(overrides: list[str], *, sig: int, after_step: int, resume: str = "auto") -> Run:
-    """Start a long run, send ``sig`` to rank 1's process once rank 0 has logged ``after_step``, and wait."""
+def torchrun_and_signal(overrides: list[str], *, sig: int, after_step: int, resume: str = "auto",
+                        ctrl_c: bool = False) -> Run:
+    """Start a long run, send ``sig`` to rank 1's process once rank 0 has logged ``after_step``, and wait.
+    ``ctrl_c``: instead, SIGINT to the whole process group (torchrun and both ranks), as a terminal's Ctrl-C."""
     proc = subprocess.Popen(torchrun_cmd(overrides, resume=resume), cwd=REPO, env=env(), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=ctrl_c)
     lines: list[str] = []
     try:
         assert proc.stdout is not None
@@ -90,7 +93,10 @@ def torchrun_and_signal(overrides: list[str], *, sig: int, after_step: int, resu
         for line in proc.stdout:
             lines.append(line)
             if line.startswith('{"event": "step"') and json.loads(line)["step"] >= after_step:
-                os.kill(worker_pid(proc.pid, rank=1), sig)
+                if ctrl_c:
+                    os.killpg(proc.pid, signal.SIGINT)
+                else:
+                    os.kill(worker_pid(proc.pid, rank=1), sig)
                 break
             assert time.monotonic() < deadline, "".join(lines)
         rest, _ = proc.communicate(timeout=RUN_TIMEOUT_S)

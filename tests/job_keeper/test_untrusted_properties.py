@@ -66,7 +66,9 @@ def fits_schema(state: NodeJobState) -> bool:
                     for name, v in seconds.items()))
 
 
-@settings(max_examples=100, deadline=None, database=None)  # database=None: no .hypothesis/ in the tree
+# database=None: no .hypothesis/ in the tree; derandomize: every CI run tries the same examples (a property test
+# that could fail on a new random draw one run in a hundred would be a flaky test)
+@settings(max_examples=100, deadline=None, database=None, derandomize=True)
 @given(STDOUT, st.integers(0, 300), st.sampled_from(["Success", "Failed", "TimedOut"]))
 def test_any_answer_parses_into_the_schema_and_renders_without_escapes(stdout, code, status):
     state = NodeJobState.from_invocation(Invocation("i-0a", status, code, stdout, stdout[-50:]))
@@ -99,7 +101,8 @@ def world(fake_credentials):
         yield deploy()
 
 
-@settings(max_examples=10, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=6, deadline=None, database=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(answers=st.lists(STDOUT, min_size=2, max_size=2))
 def test_a_keeper_round_on_any_answers_stores_only_values_in_the_schema(world, answers):
     dynamodb = boto3.client("dynamodb", region_name=REGION)

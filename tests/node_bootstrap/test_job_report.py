@@ -145,7 +145,8 @@ def _assert_clean(status: dict) -> None:
     json.dumps(status, allow_nan=False)  # what the keeper gets is strict JSON
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(_lines, max_size=6), st.sampled_from([jobs.TRAINING_MODULE, jobs.COMMCHECK_MODULE]),
        st.dictionaries(st.sampled_from(["started", "first_step", "compiled", "x"]), _json_values, max_size=3))
 def test_status_never_raises_and_lets_nothing_raw_through(tmp_path, lines, module, phases):
@@ -159,7 +160,8 @@ def test_status_never_raises_and_lets_nothing_raw_through(tmp_path, lines, modul
     _assert_clean(jobs.job_status(settings, JOB))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.one_of(_lines.map(str.encode), st.binary(max_size=80)), max_size=6))
 def test_the_supervisor_records_nothing_raw(tmp_path, lines):
     settings = make_settings(tmp_path, hang_timeout_s=60)
