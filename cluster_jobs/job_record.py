@@ -20,9 +20,17 @@ def utc_now_text(now: datetime.datetime) -> str:
 
 
 def parse_time(text: str | None) -> datetime.datetime | None:
-    if not text:
+    """A record's time: the keeper's and clusterctl's to the second ("2026-11-20T23:15:02Z"), a node's maybe
+    with a fraction (node_answer.TIME_RE allows one); None for none, and for anything else a stored record
+    holds (a time that does not parse must not stop a save, a keeper round or a status)."""
+    if not text or not isinstance(text, str):
         return None
-    return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+    for form in ("%Y-%m-%dT%H:%M:%SZ", "%Y-%m-%dT%H:%M:%S.%fZ"):
+        try:
+            return datetime.datetime.strptime(text, form).replace(tzinfo=datetime.UTC)
+        except ValueError:
+            continue
+    return None
 
 
 def parse_phase(text: str) -> datetime.datetime | None:

@@ -249,3 +249,19 @@ def test_the_keepers_restart_compacts_the_attempt_that_ended(nodes):
     assert [(r.instance_id, r.state) for r in first.node_reports] == [(a, "hung")]
     assert first.node_summary.states == {"hung": 1, "running": 1} and first.node_summary.reports == 2
     assert second.node_summary is None
+
+
+def test_a_nodes_end_time_with_a_fraction_does_not_stop_a_save_or_goodput(nodes):
+    # node_answer.TIME_RE lets a node's times carry a fraction; parse_time raised on one, and every later save
+    # (the compaction reads the reports' ends) failed: the keeper's rounds would end in "error" for good
+    created = submit(nodes)
+    record = restarted_three_times()
+    fractional = [dataclasses.replace(r, ended_at=at(290.25, ms=True)) if r.state == "failed" else r
+                  for r in record.attempts[0].node_reports]
+    attempts = [dataclasses.replace(record.attempts[0], node_reports=fractional), *record.attempts[1:]]
+    record = dataclasses.replace(record, attempts=attempts, version=created.version, created_at=created.created_at)
+    written = table().save(record, T0)
+    assert table().get(JOB) == written
+    assert written.attempts[0].node_reports[0].ended_at == at(290.25, ms=True)
+    end = T0 + datetime.timedelta(seconds=2000)
+    assert job_goodput(written, end) == job_goodput(record, end)

@@ -88,9 +88,23 @@ def build_document(values: dict[str, float], *, namespace: str, cluster: str, jo
             **values}
 
 
+def looks_like_emf(line: bytes) -> bool:
+    """Whether a job line holds the EMF token: as printed, or spelt with JSON escapes in an object (a job's
+    "Cloud\\u0057atchMetrics" is the same key to any JSON reader, and so possibly to the agent)."""
+    if EMF_TOKEN in line:
+        return True
+    if b"\\u" not in line or not line.lstrip().startswith(b"{"):
+        return False
+    try:
+        decoded = json.dumps(json.loads(line.decode("utf-8", "replace")))
+    except (ValueError, RecursionError):
+        return False
+    return EMF_TOKEN.decode() in decoded
+
+
 def defused(line: bytes) -> bytes:
-    """A job line as the job log keeps it: behind DEFUSED when it holds the EMF token."""
-    return DEFUSED + line if EMF_TOKEN in line else line
+    """A job line as the job log keeps it: behind DEFUSED when it looks like EMF (looks_like_emf)."""
+    return DEFUSED + line if looks_like_emf(line) else line
 
 
 class MetricsFile:

@@ -193,9 +193,10 @@ def find_last_step(text: str) -> Optional[dict[str, object]]:
 
 
 def find_last_validation(text: str) -> Optional[dict[str, object]]:
-    """The last step line that carries a held-out loss ("val_loss": the trainer's [validation] evaluated it
-    after that step) in `text`; None without one. Later step lines carry none, so the last step line alone
-    would not do."""
+    """The last trainer line that carries a held-out loss in `text`: a step line with "val_loss" (the trainer's
+    [validation] evaluated it after that step), or the baseline's {"event": "validation", "step": 0, ...}
+    (before a fresh start's first step); None without one. Later step lines carry none, so the last step
+    line alone would not do."""
     for line in reversed(text.splitlines()):
         start = line.find("{")
         if start < 0 or '"val_loss"' not in line:
@@ -204,7 +205,7 @@ def find_last_validation(text: str) -> Optional[dict[str, object]]:
             event = json.loads(line[start:])
         except (ValueError, RecursionError):
             continue
-        if isinstance(event, dict) and event.get("event") == "step":
+        if isinstance(event, dict) and event.get("event") in ("step", "validation"):
             return event
     return None
 

@@ -28,7 +28,7 @@ from node_bootstrap.job_contract import TRAINER_STOPPED_LINE
 from node_bootstrap.jobs.attempt_log import attempt_marker
 from node_bootstrap.jobs.control import descendants
 from node_bootstrap.jobs.errors import EXIT_FAILED, EXIT_NOT_FOUND, JobError
-from node_bootstrap.jobs.job_metrics import EMF_TOKEN, MetricsFile, defused
+from node_bootstrap.jobs.job_metrics import MetricsFile, defused, looks_like_emf
 from node_bootstrap.jobs.job_output import OutputCap, Piece, file_size
 from node_bootstrap.jobs.job_report import Rejections, find_last_event, resume_report
 from node_bootstrap.jobs.progress import ProgressWatch
@@ -347,7 +347,7 @@ class Supervisor:
         assert child.stdout is not None
         for piece in self.cap.lines(child.stdout):
             first_cut, first_drop = self.cap.cut_lines == 0, self.cap.dropped_lines == 0
-            if EMF_TOKEN in piece.data:  # never EMF in the job log: the supervisor publishes what it may
+            if looks_like_emf(piece.data):  # never EMF in the job log: the supervisor publishes what it may
                 if piece.whole:
                     self.metrics.publish(piece.data)
                 kept = self.cap.admit(Piece(defused(piece.data), piece.whole), log_size=file_size(log))

@@ -11,7 +11,14 @@ from emf_spec import extracted_metrics, parse_emf_line, validate_emf
 from node_supervisor_support import JOB, make_settings, printing, run_job
 
 from node_bootstrap import jobs
-from node_bootstrap.jobs.job_metrics import CLUSTER_METRICS, DEFUSED, TRAINER_METRICS, build_document
+from node_bootstrap.jobs.job_metrics import (
+    CLUSTER_METRICS,
+    DEFUSED,
+    TRAINER_METRICS,
+    build_document,
+    defused,
+    looks_like_emf,
+)
 from training import metrics as trainer_metrics
 
 # What a job printed to fire the node health alarm (issue 42's reproduction, in the monitor's own shape).
@@ -70,3 +77,13 @@ def test_a_value_that_is_no_finite_number_is_dropped_and_counted(tmp_path):
     (published,) = Path(jobs.JobFiles.of(settings, JOB).metrics_path).read_text().splitlines()
     assert {k: v for k, v in json.loads(published).items() if k in TRAINER_METRICS} == {"TokensPerSecond": 10.0}
     assert status["rejectedValues"] == {"emf": 3}
+
+
+def test_an_emf_key_spelt_with_json_escapes_is_defused_too():
+    # "Cloud\u0057atchMetrics" is the EMF key to any JSON reader: the byte match alone missed it (a review)
+    escaped = json.dumps(FORGED).replace("CloudWatchMetrics", "Cloud\\u0057atchMetrics").encode() + b"\n"
+    assert b"CloudWatchMetrics" not in escaped and json.loads(escaped) == FORGED
+    assert looks_like_emf(escaped) and defused(escaped) == DEFUSED + escaped
+    plain = b'{"event": "step", "step": 3, "note": "caf\\u00e9"}\n'  # an escape, but no EMF key: kept as printed
+    assert not looks_like_emf(plain) and defused(plain) == plain
+    assert not looks_like_emf(b'{"_aws": "Cloud\\u0057atch' + b"x" * 10 + b"\n")  # not JSON: no reader takes it

@@ -43,6 +43,12 @@ def test_status_reads_the_last_held_out_loss_even_when_later_step_lines_have_non
     (node.root / "var/log/cluster/jobs" / f"{job_id}.log").write_text(log.split("\n")[2] + "\n")
     out = json.loads(node.cli("status", "--job-id", job_id).stdout)
     assert (out["lastValStep"], out["lastValLoss"]) == (None, None)
+    # a fresh start's baseline, before its first step (issue 44): step 0's held-out loss
+    (node.root / "var/log/cluster/jobs" / f"{job_id}.log").write_text(
+        '[rank0]: {"event": "validation", "step": 0, "val_loss": 3.5, "val_perplexity": 33.1}\n'
+        + log.split("\n")[2] + "\n")
+    out = json.loads(node.cli("status", "--job-id", job_id).stdout)
+    assert (out["lastValStep"], out["lastValLoss"]) == (0, 3.5)
 
 
 # NCCL lines as NCCL and aws-ofi-nccl print them at NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT. Each line follows
