@@ -99,8 +99,9 @@ def list_nodes(autoscaling: Any, ec2: Any, group_name: str) -> list[Node]:
     return sorted(nodes, key=_ip_order)
 
 
-def select_job_nodes(nodes: Sequence[Node], count: int) -> list[Node]:
-    """The first `count` ready nodes by private IP, or a refusal that says which nodes are not ready."""
+def select_job_nodes(nodes: Sequence[Node], count: int, last: Sequence[str] = ()) -> list[Node]:
+    """The first `count` ready nodes by private IP, the instances in `last` after every other (the nodes a hang
+    was on: taken only when the job needs them), or a refusal that says which nodes are not ready."""
     if count < 1:
         raise ClusterctlError(f"--nodes={count}: allowed: 1 or more", EXIT_FAILED)
     if not nodes:
@@ -113,7 +114,7 @@ def select_job_nodes(nodes: Sequence[Node], count: int) -> list[Node]:
         problems = "; ".join(f"{n.instance_id}: {n.not_ready_reason}" for n in nodes if not n.ready)
         detail = f" (not ready: {problems})" if problems else ""
         raise ClusterctlError(f"{count} nodes asked, {len(ready)} of {len(nodes)} ready{detail}")
-    return ready[:count]
+    return sorted(ready, key=lambda n: n.instance_id in last)[:count]  # a stable sort: by IP within each part
 
 
 def instance_states(ec2: Any, instance_ids: Sequence[str]) -> dict[str, str]:

@@ -57,6 +57,9 @@ class NodeReport:
     # DynamoDB's serializer takes no float), and when the job last printed (UTC, to the millisecond)
     phase_ms: dict[str, int] | None = None
     last_output_at: str | None = None
+    # a hung job's: where the node's supervisor found the hang (job_contract.HANG_ORIGINS); "here": the job keeper
+    # restarts the job without this node where the group has another ready one (job_keeper/keeper.py)
+    hang_origin: str | None = None
     # what the node's answer held outside cluster_jobs/node_answer.py's schema, dropped: one warning each
     dropped: list[str] = field(default_factory=list)
 

@@ -174,6 +174,9 @@ def parse_payload(payload: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]
         "phases": phases(payload, dropped),
         "phase_seconds": phase_seconds(payload, dropped),
         "last_output_at": matching(payload, "lastOutputAt", dropped, TIME_RE, times),
+        # a hung job's: where its supervisor found the hang, and what it saw (node_bootstrap/jobs/hang_origin.py)
+        "hang_origin": one_of(payload, "hangOrigin", dropped, job_contract.HANG_ORIGINS),
+        "hang_evidence": text(payload, "hangEvidence", dropped),
     }
     return fields, dropped
 

@@ -12,6 +12,7 @@ from cluster_jobs.table import NodeReport
 from node_bootstrap import job_contract
 
 GONE = "gone"  # the node that ran the job is terminated (replaced): nothing is left to ask
+HANG_HERE = job_contract.HANG_HERE  # a hung job's node whose supervisor found the hang on it
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,10 @@ class NodeJobState:
     # job last printed (UTC, to the millisecond): the job's goodput reads them (cluster_jobs/goodput.py)
     phase_seconds: dict[str, float] | None = None
     last_output_at: str | None = None
+    # a hung job's: where the node's supervisor found the hang (job_contract.HANG_ORIGINS: "here" names this node)
+    # and one line of what it saw there (node_bootstrap/jobs/hang_origin.py)
+    hang_origin: str | None = None
+    hang_evidence: str | None = None
 
     # what the answer held outside cluster_jobs/node_answer.py's schema, dropped: a warning each, never the value
     dropped: tuple[str, ...] = ()
@@ -92,7 +97,7 @@ class NodeJobState:
                           detail=self.detail, compile_cache=self.compile_cache, dropped=list(self.dropped),
                           phase_ms=None if self.phase_seconds is None else
                           {name: round(seconds * 1000) for name, seconds in self.phase_seconds.items()},
-                          last_output_at=self.last_output_at)
+                          last_output_at=self.last_output_at, hang_origin=self.hang_origin)
 
 
 def is_commcheck(states: Sequence[NodeJobState]) -> bool:

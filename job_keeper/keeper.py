@@ -49,7 +49,7 @@ from cluster_aws.errors import ClusterctlError
 from cluster_aws.nodes import Node, list_nodes, select_job_nodes
 from cluster_jobs.document import ABORT_STOP_SECONDS, abort_job, query_job, submit_job
 from cluster_jobs.job_parameters import JobParameters
-from cluster_jobs.node_states import GONE, NodeJobState
+from cluster_jobs.node_states import GONE, HANG_HERE, NodeJobState
 from cluster_jobs.table import (
     ACTIVE_STATES,
     FINAL_STATES,
@@ -152,8 +152,13 @@ class Keeper:
 
     def _fault(self, record: JobRecord, states: Sequence[NodeJobState],
                nodes: Mapping[str, Node]) -> str | None:
+        """The attempt's fault, the one that explains the others first: a node lost or unhealthy; then a hang,
+        the node the hang is on first (its supervisor's verdict, node_bootstrap/jobs/hang_origin.py: its peers
+        were hung too, or failed when it was stopped); then a node without the job, or one failed by itself."""
         by_id = {s.instance_id: s for s in states}
         running = [s for s in states if s.state == "running"]
+        hung: list[NodeJobState] = []
+        later: list[str] = []
         for instance_id in record.current.nodes if record.current else []:
             state = by_id.get(instance_id)
             node = nodes.get(instance_id)
@@ -166,13 +171,15 @@ class Keeper:
             if state is None or state.state in NO_ANSWER:
                 continue
             if state.state == "hung":
-                return f"node {instance_id}: the trainer made no progress and was stopped (hung)"
-            if state.state == "not-found":
-                return f"node {instance_id} no longer has the job (rebooted or replaced disk?)"
-            if state.state == "failed" and running:
-                return (f"node {instance_id}: the trainer exited with code {state.exit_code} while "
-                        f"{len(running)} other node(s) still ran")
-        return None
+                hung.append(state)
+            elif state.state == "not-found":
+                later.append(f"node {instance_id} no longer has the job (rebooted or replaced disk?)")
+            elif state.state == "failed" and running:
+                later.append(f"node {instance_id}: the trainer exited with code {state.exit_code} while "
+                             f"{len(running)} other node(s) still ran")
+        if hung:
+            return _hang_fault(hung)
+        return later[0] if later else None
 
     def _on_fault(self, record: JobRecord, fault: str, states: Sequence[NodeJobState]) -> Outcome:
         now = self._now()
@@ -206,8 +213,10 @@ class Keeper:
             if any(s.state == "running" for s in states):
                 self._stop_survivors(record.job_id, states)
                 return Outcome(record.job_id, "waiting", record.state, "the old attempt is still stopping")
+        # the nodes a hang was on (their supervisors' verdict): last in line, so a spare takes their place
+        hang_here = [r.instance_id for r in old.node_reports if r.hang_origin == HANG_HERE]
         try:
-            selected = select_job_nodes(self._nodes(), record.nodes)
+            selected = select_job_nodes(self._nodes(), record.nodes, last=hang_here)
         except ClusterctlError as e:
             return Outcome(record.job_id, "waiting", record.state, f"waiting for ready nodes: {e}")
         now = self._now()
@@ -238,7 +247,10 @@ class Keeper:
         # Nodes that were ready and idle when the attempt needed them: hot spares (spareNodes), or replacements
         # that had booted already. The lost nodes' replacements boot meanwhile and become the next spares.
         newcomers = [n for n in attempt.nodes if n not in old.nodes]
+        left_out = [n for n in hang_here if n not in attempt.nodes]
         joined = f"; in for the lost: {', '.join(newcomers)}" if newcomers else ""
+        if left_out:
+            joined = f"; left out, the hang was on it: {', '.join(left_out)}; in its place: {', '.join(newcomers)}"
         LOG.warning("job %s: attempt %d started on %s (rendezvous %s)%s", record.job_id, number,
                     ", ".join(attempt.nodes), attempt.rendezvous_host, joined)
         return Outcome(record.job_id, "started", "starting",
@@ -336,6 +348,21 @@ class Keeper:
         }
         self.clients.sns.publish(TopicArn=self.settings.alarm_topic_arn, Subject=subject[:100],
                                  Message=json.dumps(message, indent=2))
+
+
+def _hang_fault(hung: Sequence[NodeJobState]) -> str:
+    """A hang's fault line: the node the hang is on where a supervisor found it there, else the first hung node
+    and what its supervisor saw (every rank waiting: the node at fault could not be told)."""
+    here = [s for s in hung if s.hang_origin == HANG_HERE]
+    first = here[0] if here else hung[0]
+    line = f"node {first.instance_id}: the trainer made no progress and was stopped (hung)"
+    if here:
+        line += f"; the hang is on this node: {first.hang_evidence or 'its supervisor said so'}"
+        if len(here) > 1:
+            line += f" (and on {', '.join(s.instance_id for s in here[1:])})"
+    elif first.hang_evidence:
+        line += f"; the node at fault could not be told ({first.hang_origin}: {first.hang_evidence})"
+    return line
 
 
 def _summary(states: Sequence[NodeJobState]) -> str:

@@ -49,6 +49,13 @@ MAX_PHASE_SECONDS = 366 * 86400
 # node after every step that printed no step line (those come every run.log_interval_steps steps), so the hang
 # watch learns the cadence of single steps, not of ten; `status` reads the step and loss from the step lines only.
 BEAT_EVENT = "beat"
+# Where the supervisor of a job it called hung found the hang (status "hangOrigin", with one line of evidence in
+# "hangEvidence": node_bootstrap/jobs/hang_origin.py): "here", a rank on this node is stopped, stuck in
+# uninterruptible sleep or in a wait of its own (the node the job keeper restarts without where it can, and
+# whose health monitor checks it); "peer", every rank here sleeps, blocked on a peer; "unknown", the host
+# cannot tell (a rank spins).
+HANG_HERE, HANG_PEER, HANG_UNKNOWN = "here", "peer", "unknown"
+HANG_ORIGINS = (HANG_HERE, HANG_PEER, HANG_UNKNOWN)
 # A job's files in <jobsDir>/<job id>/ on a node.
 STATUS_FILE = "status.json"
 # Written next to the status by whoever stops a job for a reason of its own (the node health monitor, before

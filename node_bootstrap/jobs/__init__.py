@@ -37,11 +37,12 @@ Modules, in dependency order: errors (exit codes, JobError), job_output (how muc
 settings (node config), spec (JobSpec, JobFiles, the torchrun argv), logs (the job log to CloudWatch), attempt_log
 (where an attempt begins in the job log), job_report (the one parser, with its schema, of every value read from a
 job's output), job_metrics (the trainer's step metrics, published by the supervisor: never a job's EMF as printed),
-job_table (whether the job table allows a start), control (`status`, `cancel`), attempts (a later attempt on a node
-that ran the job), safe_paths (root's operations on paths the job user can write), job_paths (what the job user gets
-at a start), launch (`start`), progress (hang detection from the trainer's step lines), supervise (`supervise`), cli
-(the argument parser and main; __main__ runs it). This package re-exports their public names, so `from
-node_bootstrap import jobs; jobs.JOB_ID_RE` keeps working.
+job_table (whether the job table allows a start), processes (the job's processes in /proc, SIGKILL to them),
+control (`status`, `cancel`), attempts (a later attempt on a node that ran the job), safe_paths (root's operations on
+paths the job user can write), job_paths (what the job user gets at a start), launch (`start`), progress (hang
+detection from the trainer's step lines), hang_origin (whether a hang is on this node, and the health check it asks
+for), supervise (`supervise`), cli (the argument parser and main; __main__ runs it). This package re-exports their
+public names, so `from node_bootstrap import jobs; jobs.JOB_ID_RE` keeps working.
 
 Runs on the node's system Python (>= 3.9), standard library only.
 """

@@ -33,6 +33,7 @@ from node_bootstrap.jobs.job_report import (  # noqa: F401 - the finders are re-
     resume_report,
     step_report,
 )
+from node_bootstrap.jobs.processes import descendants, sigkill
 from node_bootstrap.jobs.settings import JobSettings
 from node_bootstrap.jobs.spec import (
     CANCEL_ABORT,
@@ -208,29 +209,6 @@ def last_output_at(log_path: str) -> Optional[str]:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ns // 10**9)) + f".{ns // 10**6 % 1000:03d}Z"
 
 
-def descendants(pid: int) -> list[int]:
-    """All processes below `pid`, from /proc (torchrun starts its workers in new sessions, so killing a
-    process group does not reach them)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(")") + 2:].split()[1])  # comm may contain spaces and parentheses
-        children.setdefault(ppid, []).append(int(entry))
-    found: list[int] = []
-    stack = [pid]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            found.append(child)
-            stack.append(child)
-    return found
-
-
 def wait_for_end(status_path: str, job_id: str, timeout_seconds: float) -> Optional[dict[str, object]]:
     deadline = time.monotonic() + timeout_seconds
     while True:
@@ -278,11 +256,7 @@ def cancel_job(settings: JobSettings, job_id: str, timeout_seconds: float = STOP
     if ended is None:
         how = f"SIGKILL after {timeout_seconds:.0f} s"
         if process_alive(supervisor_pid, job_id):
-            for pid in descendants(supervisor_pid):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            sigkill(descendants(supervisor_pid))
         ended = wait_for_end(files.status_path, job_id, 10.0)
         if status.get("launcher") == "systemd" and shutil.which("systemctl"):
             subprocess.run(["systemctl", "stop", files.unit + ".service"], stdout=subprocess.DEVNULL,

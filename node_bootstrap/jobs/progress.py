@@ -245,6 +245,11 @@ class ProgressWatch:
             self._count_phase(self._clock())
             return {name: round(seconds, 3) for name, seconds in self.phase_seconds.items()}
 
+    def open_phase(self) -> Optional[str]:
+        """The innermost phase the trainer is in, by its records; None between phases."""
+        with self._lock:
+            return self._open[-1][0] if self._open else None
+
     def poll_interval_s(self) -> float:
         """How often the watchdog asks: a small part of the shortest timeout that can apply."""
         shortest = min(t for t in (self.hang_timeout_s, self.floor_s, self.step_floor_s) if t > 0)

@@ -4,10 +4,12 @@ to torchrun so the trainer checkpoints before it exits.
 
 A training job is also watched for progress (progress.py): when its trainer logs no step for the hang
 timeout (learned from its step cadence, at most jobHangTimeoutSeconds; the start timeout before the first
-step), the supervisor logs it with the last step seen, sends
-SIGTERM to torchrun, SIGKILL to everything the job started after the stop grace, and records the state
-`hung`. A job stopped by the node health monitor (a stop-request.json next to its status) is recorded
-`failed` with the monitor's reason.
+step), the supervisor looks at where the hang is (hang_origin.py: a rank of this node stopped or stuck, or
+every rank waiting on a peer), logs it with the last step seen, stops the job (a hang here: SIGKILL at once, as
+an abort; else SIGTERM to torchrun and SIGKILL to everything the job started after a short bound) and records
+the state `hung` with that verdict; a hang here also asks the node's health monitor for a check. A job stopped
+by the node health monitor (a stop-request.json next to its status) is recorded `failed` with the monitor's
+reason.
 
 A stop request whose mode is "abort" (`cancel --mode abort`: the job keeper stopping an ended attempt's
 survivors, whose job restarts from a checkpoint tier) turns the SIGTERM that follows it into SIGKILL for torchrun
@@ -21,18 +23,24 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable
 from typing import BinaryIO, Callable, Optional
 
-from node_bootstrap.job_contract import TRAINER_STOPPED_LINE
+from node_bootstrap.job_contract import HANG_HERE, TRAINER_STOPPED_LINE
 from node_bootstrap.jobs.attempt_log import attempt_marker
-from node_bootstrap.jobs.control import descendants
 from node_bootstrap.jobs.errors import EXIT_FAILED, EXIT_NOT_FOUND, JobError
+from node_bootstrap.jobs.hang_origin import (
+    HEALTH_CHECK_REQUEST_PATH,
+    PEER_WAIT_S,
+    hang_origin,
+    request_health_check,
+    sample_workers,
+)
 from node_bootstrap.jobs.job_metrics import MetricsFile, defused, looks_like_emf
 from node_bootstrap.jobs.job_output import OutputCap, Piece, file_size
 from node_bootstrap.jobs.job_report import Rejections, find_last_event, resume_report
+from node_bootstrap.jobs.processes import descendants, running, sigkill
 from node_bootstrap.jobs.progress import ProgressWatch
-from node_bootstrap.jobs.settings import JobSettings
+from node_bootstrap.jobs.settings import JobSettings, under_root
 from node_bootstrap.jobs.spec import (
     ABORT_STOP_SECONDS,
     CANCEL_ABORT,
@@ -98,6 +106,7 @@ class Supervisor:
 
     def __init__(self, settings: JobSettings, job_id: str) -> None:
         self.files = JobFiles.of(settings, job_id)
+        self.health_check_request_path = under_root(settings.root, HEALTH_CHECK_REQUEST_PATH)
         spec = read_json(self.files.spec_path)
         if spec is None:
             raise JobError(f"no job {job_id} on this node ({self.files.spec_path} missing)", EXIT_NOT_FOUND)
@@ -120,6 +129,7 @@ class Supervisor:
                                    self.cap.log_max_bytes // 8, self.rejected)
         self._phase_changes = 0  # the watch's phase_changes last recorded in the status ("phaseSeconds")
         self.hung: Optional[str] = None  # why the job was declared hung
+        self.hang_verdict = ("", "")  # then: where the hang is (job_contract.HANG_ORIGINS) and the evidence
         self.abort: Optional[dict[str, object]] = None  # the stop request of an abort, once one came
         self.trainer_stopped = False  # the trainer logged its checkpointed stop (a stop request, on any node)
         self._log_lock = threading.Lock()  # the output thread and the watchdog both write the job log
@@ -159,7 +169,7 @@ class Supervisor:
             return
         started = descendants(self.child.pid)
         self._forward(signal.SIGKILL)
-        _sigkill(started)
+        sigkill(started)
 
     def _forward(self, signum: int) -> None:
         if self.child is not None and self.child.poll() is None:
@@ -245,7 +255,8 @@ class Supervisor:
         if self.hung is not None:
             assert self.watch is not None
             return self._finish("hung", exit_code, signal=signal_name, error="hung: " + self.hung,
-                                lastStepSeen=self.watch.last_step, lastStepAt=self.watch.last_step_at)
+                                lastStepSeen=self.watch.last_step, lastStepAt=self.watch.last_step_at,
+                                hangOrigin=self.hang_verdict[0], hangEvidence=self.hang_verdict[1])
         if self.abort is not None:
             return self._finish("cancelled", exit_code, signal=signal_name, stopMode=CANCEL_ABORT,
                                 stopRequest=self.abort, error="aborted without a checkpoint by the {}: {}".format(
@@ -315,15 +326,30 @@ class Supervisor:
             time.sleep(poll_s)
 
     def _stop_hung(self, child: "subprocess.Popen[bytes]", log: BinaryIO, reason: str) -> None:
-        """SIGTERM to torchrun (it stops its workers), SIGKILL to whatever the job started after a short bound:
-        the stop grace exists for the SIGTERM checkpoint, which the trainer takes at a step boundary a hung rank
-        never reaches, so waiting it out would only delay the restart (the local and durable tiers hold the
-        state). ABORT_STOP_SECONDS, the keeper's bound for an abort, or the grace if that is shorter."""
+        """Where the hang is first (hang_origin.py: before a signal changes the workers' states), then the stop.
+        A hang here (a rank stopped or stuck): SIGKILL at once, as an abort (a stuck rank never reads SIGTERM), and
+        a request for the health monitor's check. Otherwise, after PEER_WAIT_S, SIGTERM to torchrun and SIGKILL to
+        whatever the job started after ABORT_STOP_SECONDS (or the stop grace if shorter): the grace is for the
+        SIGTERM checkpoint at a step boundary, which a hung rank never reaches (the checkpoint tiers hold the state)."""
+        assert self.watch is not None
         self.hung = reason
+        origin, evidence = self.hang_verdict = hang_origin(sample_workers(child.pid), self.watch.open_phase())
+        where = "on this node" if origin == HANG_HERE else f"not here ({origin})"
         bound_s = min(self.stop_grace_s, float(ABORT_STOP_SECONDS))
-        message = f"{utc_now()} hung: {reason}; stopping the job: SIGTERM, SIGKILL after {bound_s:g} s"
+        stop = "SIGKILL" if origin == HANG_HERE else (f"SIGTERM in {PEER_WAIT_S:g} s (the node at fault first), "
+                                                      f"SIGKILL after {bound_s:g} s")
+        message = f"{utc_now()} hung: {reason}; {where}: {evidence}; stopping the job: {stop}"
+        if origin == HANG_HERE:
+            request_health_check(self.health_check_request_path, under_systemd=self.spec.get("launcher") == "systemd",
+                                 jobId=self.status["jobId"], attempt=self.attempt, evidence=evidence, at=utc_now())
         self._log_line(log, message)
         print(f"[node_bootstrap.jobs] {message}", file=sys.stderr, flush=True)
+        if origin == HANG_HERE:
+            self._kill_all()
+            return
+        deadline = time.monotonic() + PEER_WAIT_S  # the node at fault stops first (hang_origin.py)
+        while child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
         # torchrun starts its workers in new sessions: collect them now, while they are still its children.
         started = set(descendants(child.pid))
         self._forward(signal.SIGTERM)
@@ -332,11 +358,11 @@ class Supervisor:
             time.sleep(0.1)
         if child.poll() is None:
             started.update(descendants(child.pid))
-        alive = [pid for pid in started if _running(pid)]
+        alive = [pid for pid in started if running(pid)]
         if child.poll() is None or alive:
             self._log_line(log, f"{utc_now()} still running {bound_s:g} s after SIGTERM: SIGKILL")
             self._forward(signal.SIGKILL)
-            _sigkill(alive)
+            sigkill(alive)
 
     def _tee(self, child: "subprocess.Popen[bytes]", log: BinaryIO,
              observe: Optional[Callable[[bytes], None]] = None) -> None:
@@ -372,20 +398,3 @@ class Supervisor:
             self._log_line(log, f"{utc_now()} job output not kept: {self.cap.describe()}")
         self.metrics.close()
 
-
-def _sigkill(pids: Iterable[int]) -> None:
-    """SIGKILL to each of `pids` that still exists (torchrun's workers: in sessions of their own)."""
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def _running(pid: int) -> bool:
-    """Whether `pid` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False

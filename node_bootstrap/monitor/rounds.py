@@ -9,6 +9,10 @@ The kernel-log follower (follow.py) may find a fatal Xid while a round runs its 
 state again under `state_lock` before it records and responds, so it keeps the follower's finding and does not
 repeat the responses the follower already did.
 
+A job whose supervisor found its hang on this node (node_bootstrap/jobs/hang_origin.py) leaves a check request:
+the next round says in its log what it found after the hang and removes the request; a fault it finds makes
+the node unhealthy like any round's (the job keeper has restarted the job without the node where it could).
+
 `responder=None` is report-only (the bootstrap's first round: the boot sequence signals a failure itself);
 a dry run saves nothing and prints the mutating commands it would run.
 """
@@ -16,6 +20,7 @@ a dry run saves nothing and prints the mutating commands it would run.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from dataclasses import dataclass
 
@@ -27,7 +32,7 @@ from node_bootstrap.jobs.spec import utc_now
 from node_bootstrap.monitor.actions import RESPONSES, Responder, unhealthy_reason
 from node_bootstrap.monitor.checks import RoundReport, run_round_checks
 from node_bootstrap.monitor.kernel_log import KernelLogRead, read_new_kernel_log
-from node_bootstrap.monitor.state import MonitorState, Unhealthy, load_state, save_state, state_lock
+from node_bootstrap.monitor.state import CHECK_REQUEST_PATH, MonitorState, Unhealthy, load_state, save_state, state_lock
 from node_bootstrap.runner import Runner
 
 LOG = logging.getLogger("node_bootstrap")
@@ -62,7 +67,31 @@ def run_round(config: NodeConfig, host: Host, runner: Runner, responder: Respond
         outcome = _record_and_respond(host, responder, report, kernel_log, state, dry_run=dry_run)
     if responder is not None:  # outside the lock: an API call the follower need not wait for
         responder.publish_metrics(len(report.warnings), unhealthy=outcome.unhealthy is not None)
+    _answer_check_request(host, outcome)
     return outcome
+
+
+def _answer_check_request(host: Host, outcome: RoundOutcome) -> None:
+    """The check a hang on this node asked for (its supervisor's request, root's file): this round was it (a
+    dry run's host removes nothing)."""
+    try:
+        request = json.loads(host.read_text(CHECK_REQUEST_PATH, default="null"))
+    except (OSError, ValueError):
+        request = {}
+    if request is None:
+        return
+    if not isinstance(request, dict):
+        request = {}
+    asked = "job {} attempt {}: {} (at {})".format(*(str(request.get(k, "?"))[:300] for k in
+                                                     ("jobId", "attempt", "evidence", "at")))
+    if outcome.unhealthy is None:
+        LOG.warning("monitor: the check a hang on this node asked for (%s): healthy, %d warning(s)", asked,
+                    len(outcome.report.warnings))
+    else:
+        LOG.error("monitor: the check a hang on this node asked for (%s): UNHEALTHY: %s", asked,
+                  outcome.unhealthy.reason)
+    with contextlib.suppress(FileNotFoundError):
+        host.remove(CHECK_REQUEST_PATH)
 
 
 def _record_and_respond(host: Host, responder: Responder | None, report: RoundReport, kernel_log: KernelLogRead,

@@ -30,6 +30,9 @@ LOG = logging.getLogger("node_bootstrap")
 
 STATE_PATH = "/var/lib/cluster/health-monitor/state.json"
 LOCK_PATH = "/var/lib/cluster/health-monitor/state.lock"
+# Written by the supervisor of a job whose hang is on this node (node_bootstrap/jobs/hang_origin.py), read and
+# removed by the next round (rounds.py): {"jobId": ..., "attempt": N, "evidence": ..., "at": ...}.
+CHECK_REQUEST_PATH = "/var/lib/cluster/health-monitor/check-request.json"
 
 
 @dataclass

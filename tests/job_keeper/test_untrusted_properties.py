@@ -25,7 +25,8 @@ from node_bootstrap import job_contract
 
 FIELDS = ("exitCode", "lastStep", "lastLoss", "startedAt", "endedAt", "cancel", "error", "ncclNetwork",
           "ncclProvider", "module", "busbwGbps", "busbwSizeBytes", "attempt", "resumedFromStep", "resumedFromTier",
-          "compileCache", "lastValLoss", "lastValStep", "phases", "phaseSeconds", "lastOutputAt")
+          "compileCache", "lastValLoss", "lastValStep", "phases", "phaseSeconds", "lastOutputAt", "hangOrigin",
+          "hangEvidence")
 ESCAPES = st.sampled_from(["\x1b]0;pwned\x07", "\x1b[2J", "\x9b31m", "\r", "\u202e", "\x00", "\n"])
 TEXT = st.one_of(st.text(max_size=30), ESCAPES, st.builds("{}{}".format, st.text(max_size=10), ESCAPES))
 JSON = st.recursive(
@@ -56,12 +57,13 @@ def fits_schema(state: NodeJobState) -> bool:
             state.last_val_step)
     floats = (state.last_loss, state.busbw_gbps, state.last_val_loss)
     texts = (state.started_at, state.ended_at, state.detail, state.nccl_network, state.nccl_provider, state.module,
-             state.resumed_from_tier, state.compile_cache, state.last_output_at, *state.dropped,
+             state.resumed_from_tier, state.compile_cache, state.last_output_at, state.hang_evidence, *state.dropped,
              *(state.phases or {}).values())
     seconds = state.phase_seconds or {}
     return (all(v is None or (type(v) is int and abs(v) < 10**13) for v in ints)
             and all(v is None or (type(v) is float and math.isfinite(v)) for v in floats)
             and all(v is None or (type(v) is str and v.isprintable()) for v in texts)
+            and state.hang_origin in (None, *job_contract.HANG_ORIGINS)
             and all(name in job_contract.PHASE_NAMES and type(v) is float and 0 <= v <= job_contract.MAX_PHASE_SECONDS
                     for name, v in seconds.items()))
 

@@ -3,7 +3,7 @@ launcher starts the real supervisor, which runs a stand-in for the DLAMI python 
 reaches a script) that prints trainer step lines the way training/metrics.py does, then behaves as
 FAKE_MODE says. The node config carries timeouts of seconds instead of the defaults' minutes, and every such
 job is started at once (SCENARIOS), so that the tests' waits overlap. The learned timeout's rules (progress.py)
-are also checked on their own, on a clock the test moves."""
+are checked on their own in test_hang_timeout.py."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from node_fake_firewall import install_system_python
 from node_jobs_support import wait_until
 
 from node_bootstrap.job_contract import ABORT_STOP_SECONDS
-from node_bootstrap.jobs.progress import HANG_FACTOR, MIN_INTERVALS, RESTART_MARKER, ProgressWatch
+from node_bootstrap.jobs.hang_origin import HEALTH_CHECK_REQUEST_PATH, PEER_WAIT_S
+from node_bootstrap.jobs.progress import HANG_FACTOR
 
 pytestmark = pytest.mark.waits  # mostly sleeps on real timeouts: run beside the slow files (conftest.py)
 
@@ -40,7 +41,7 @@ mode = os.environ["FAKE_MODE"]
 def step(n):
     print(json.dumps({{"event": "step", "step": n, "loss": 3.0 - n / 100}}), flush=True)
 
-if mode in ("stall", "stall-ignoring-sigterm", "exit", "stepping", "cadence", "cadence-restart"):
+if mode in ("stall", "stall-ignoring-sigterm", "stopped-worker", "exit", "stepping", "cadence", "cadence-restart"):
     for n in (1, 2, 3):
         step(n)
         time.sleep(0.1)
@@ -53,6 +54,12 @@ elif mode == "stall-ignoring-sigterm":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # like torchrun's workers: a new session, so only a kill by pid reaches it
     worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    with open(os.environ["FAKE_WORKER"], "w") as f:
+        f.write(str(worker.pid))
+elif mode == "stopped-worker":
+    # a worker (torchrun's child, RANK 5 in its environment) stops itself: SIGSTOP, as a debugger would
+    worker = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSTOP)"],
+                              start_new_session=True, env={{**os.environ, "RANK": "5"}})
     with open(os.environ["FAKE_WORKER"], "w") as f:
         f.write(str(worker.pid))
 elif mode == "exit":
@@ -166,6 +173,7 @@ class Node:
 SCENARIOS: dict[str, dict] = {
     "stall": dict(mode="stall"),
     "ignores-sigterm": dict(mode="stall-ignoring-sigterm"),
+    "stopped-worker": dict(mode="stopped-worker"),
     "stepping": dict(mode="stepping"),
     "exit": dict(mode="exit"),
     "slow-start": dict(mode="slow-start"),
@@ -224,7 +232,12 @@ def test_a_trainer_that_stops_stepping_is_stopped_and_marked_hung(started):
     log = n.log(job)
     assert "SIGTERM received: exiting" in log
     assert f"Z hung: {why}, waiting for a step (last step seen: 3 at " in log
-    assert f"stopping the job: SIGTERM, SIGKILL after {ABORT_STOP_SECONDS} s" in log and "still running" not in log
+    assert (f"stopping the job: SIGTERM in {PEER_WAIT_S:g} s (the node at fault first), SIGKILL after "
+            f"{ABORT_STOP_SECONDS} s") in log and "still running" not in log
+    # the stand-in is torchrun without workers: nothing on the host tells where the hang is
+    assert (status["hangOrigin"], status["hangEvidence"]) == ("unknown", "no worker of torchrun is left to look at")
+    assert "; not here (unknown): no worker of torchrun is left to look at; stopping the job: SIGTERM" in log
+    assert not (n.root / HEALTH_CHECK_REQUEST_PATH.lstrip("/")).exists()
     # `status` (what clusterctl status reads through SSM) reports it
     reported = json.loads(n.cli("status", "--job-id", job).stdout)
     assert reported["state"] == "hung" and reported["lastStep"] == 3
@@ -237,7 +250,26 @@ def test_a_hung_trainer_that_ignores_sigterm_is_killed_after_the_grace_period(st
     # not the job's stop grace (GRACE_S): a hung rank never reaches the step boundary where SIGTERM saves
     assert f"still running {ABORT_STOP_SECONDS} s after SIGTERM: SIGKILL" in n.log(job)
     worker = int(n.worker_file.read_text())
+    # its one worker sleeps (as a rank blocked in a collective's receive): the hang is on a peer
+    assert status["hangOrigin"] == "peer"
+    assert status["hangEvidence"] == f"every rank here sleeps (a rank (pid {worker})): blocked on a peer, as inside " \
+                                     "a collective"
     wait_until(lambda: not running(worker), 10, "the worker in its own session to be killed")
+
+
+def test_a_stopped_rank_is_named_killed_at_once_and_the_node_asked_for_a_health_check(started):
+    n, job = started["stopped-worker"].node, started["stopped-worker"].job
+    status = n.wait_end(job, HANG_S + 15)
+    worker = int(n.worker_file.read_text())
+    evidence = f"rank 5 (pid {worker}) is stopped (state T: SIGSTOP, a debugger or a job-control stop)"
+    assert status["state"] == "hung" and status["signal"] == "SIGKILL"  # no SIGTERM: a stopped rank never reads it
+    assert (status["hangOrigin"], status["hangEvidence"]) == ("here", evidence)
+    log = n.log(job)
+    assert f"; on this node: {evidence}; stopping the job: SIGKILL\n" in log and "SIGTERM" not in log
+    wait_until(lambda: not running(worker), 10, "the stopped worker to be killed")
+    request = json.loads((n.root / HEALTH_CHECK_REQUEST_PATH.lstrip("/")).read_text())
+    assert request == {"jobId": job, "attempt": 1, "evidence": evidence, "at": request["at"]}
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", request["at"])
 
 
 def test_a_trainer_that_keeps_stepping_is_left_alone(started):
@@ -327,62 +359,3 @@ def test_the_first_step_after_a_restart_keeps_its_allowance_after_the_cadence_wa
     n, job = started["cadence-restart"].node, started["cadence-restart"].job
     status = n.wait_end(job, 30)
     assert status["state"] == "succeeded", status
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
-
-
-def step_line(n):
-    return json.dumps({"event": "step", "step": n}).encode() + b"\n"
-
-
-def watch_with_steps(intervals_s, *, hang_s=1800.0, start_s=3600.0, floor_s=120.0):
-    clock = Clock()
-    watch = ProgressWatch(hang_s, start_s, floor_s=floor_s, clock=clock)
-    clock.now += 500  # loading and compiling: the first step line's wait is no interval
-    watch.observe(step_line(1))
-    for i, interval in enumerate(intervals_s, start=2):
-        clock.now += interval
-        watch.observe(step_line(i))
-    return watch, clock
-
-
-def test_the_learned_timeout_is_the_factor_times_the_slowest_interval_between_floor_and_bound():
-    watch, clock = watch_with_steps([20, 30, 25, 22])  # the slowest: 30 s
-    assert watch.hang_timeout() == (150.0, "5 x the slowest step interval 30 s")
-    clock.now += 149.9
-    assert watch.overdue() is None
-    clock.now += 0.1
-    assert watch.overdue().startswith("no trainer step for 150 s (5 x the slowest step interval 30 s), waiting "
-                                      "for a step (last step seen: 5 at ")
-    # the slowest since the start, not of the last few: an interval that held a save keeps counting
-    watch, _ = watch_with_steps([20, 30] + [2] * 50)
-    assert watch.hang_timeout()[0] == 150.0
-    # the floor and the upper bound
-    assert watch_with_steps([2, 2, 2])[0].hang_timeout() == (120.0, "the floor, jobHangFloorSeconds, above 5 x "
-                                                                     "the slowest step interval 2 s")
-    assert watch_with_steps([400] * 3)[0].hang_timeout() == (
-        1800.0, "the upper bound, jobHangTimeoutSeconds, below 5 x the slowest step interval 400 s")
-    # a floor above the bound is the bound
-    assert watch_with_steps([2, 2, 2], hang_s=60, floor_s=120)[0].hang_timeout()[0] == 60.0
-
-
-def test_too_few_intervals_keep_the_upper_bound():
-    watch, _ = watch_with_steps([2] * (MIN_INTERVALS - 1))
-    assert watch.hang_timeout() == (1800.0, "the upper bound, jobHangTimeoutSeconds: too few steps seen to learn from")
-
-
-def test_the_wait_for_the_first_step_after_a_restart_is_the_start_timeout_and_no_interval():
-    watch, clock = watch_with_steps([2, 2, 2], floor_s=10)
-    watch.observe(b"E1123 api.py:1002] " + RESTART_MARKER + b"1) local_rank: 3 (pid: 25725) of binary: python3\n")
-    clock.now += 3599
-    assert watch.overdue() is None  # the start timeout, not the learned 10 s
-    watch.observe(step_line(5))
-    assert watch.slowest_interval_s == 2 and watch.hang_timeout()[0] == 10.0
-    clock.now += 10
-    assert watch.overdue().startswith("no trainer step for 10 s (the floor, ")

@@ -8,7 +8,7 @@ import json
 
 from node_monitor_support import XID_79, AwsOnMoto, Imds, Journal, group_health, instance_tags, published, run_json
 
-from node_bootstrap.monitor.state import STATE_PATH
+from node_bootstrap.monitor.state import CHECK_REQUEST_PATH, STATE_PATH
 
 
 def test_a_restarted_monitor_does_not_read_old_events_again(monitored, kit):
@@ -107,3 +107,43 @@ def test_a_journal_without_kernel_messages_sends_the_monitor_to_kmsg_for_the_boo
     node.runner.calls.clear()
     assert node.round() == 1
     assert not [c for c in node.runner.commands() if c.startswith("journalctl")]  # kmsg for the rest of the boot
+
+
+# --- the check a hang on this node asks for (node_bootstrap/jobs/hang_origin.py) ---------------------------
+
+
+def answers(capsys):
+    """The rounds' lines about a hang's check request since the last call (the monitor logs to stderr)."""
+    captured = capsys.readouterr()
+    return [line.split(" ", 2)[1:] for line in (captured.out + captured.err).splitlines() if "asked for" in line]
+
+
+def test_a_hangs_check_request_is_answered_by_the_next_round_and_removed(monitored, capsys):
+    node = monitored
+    request = {"jobId": "j-llama", "attempt": 2, "evidence": "rank 5 (pid 4242) is stopped (state T: SIGSTOP, "
+               "a debugger or a job-control stop)", "at": "2026-12-04T10:00:00Z"}
+    node.write(CHECK_REQUEST_PATH, json.dumps(request))
+    assert node.round("--dry-run") == 0
+    assert (node.root / CHECK_REQUEST_PATH.lstrip("/")).exists()  # a dry run removes nothing
+    capsys.readouterr()
+    assert node.round() == 0
+    assert answers(capsys) == [[
+        "WARNING", f"monitor: the check a hang on this node asked for (job j-llama attempt 2: {request['evidence']} "
+        "(at 2026-12-04T10:00:00Z)): healthy, 0 warning(s)"]]
+    assert not (node.root / CHECK_REQUEST_PATH.lstrip("/")).exists()
+    assert node.round() == 0
+    assert answers(capsys) == []  # answered once: the next round has nothing to say of it
+
+
+def test_a_fault_the_requested_check_finds_makes_the_node_unhealthy_and_says_so(monitored, capsys):
+    node = monitored
+    assert node.round() == 0
+    node.write(CHECK_REQUEST_PATH, "{not json")  # whatever the file holds, the round answers and removes it
+    node.journal.append(XID_79)
+    capsys.readouterr()
+    assert node.round() == 1
+    (level, line), = answers(capsys)
+    assert level == "ERROR"
+    assert line.startswith("monitor: the check a hang on this node asked for (job ? attempt ?: ? (at ?)): "
+                           "UNHEALTHY: health monitor: xid: new: Xid 79 on ")
+    assert not (node.root / CHECK_REQUEST_PATH.lstrip("/")).exists()
