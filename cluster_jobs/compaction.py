@@ -46,6 +46,11 @@ def summarize(reports: Sequence[NodeReport]) -> NodeSummary:
     ends = [(end, r.ended_at) for r in reports if (end := parse_time(r.ended_at)) is not None]
     running = [r for r in reports if r.state == "running"]
     outputs = [(parse_phase(r.last_output_at or ""), r.last_output_at) for r in running]
+    # A hung node's supervisor saw its last progress (quiet_since): the attempt made none after it, since no rank
+    # steps without the others, whatever its running nodes printed since (a peer's errors, a supervisor's line).
+    progress = [(when, r.quiet_since) for r in reports if r.state == "hung" and r.quiet_since
+                and (when := parse_phase(r.quiet_since)) is not None]
+    outputs = progress or outputs
     phase_ms: dict[str, int] | None = None
     for report in reports:
         if report.phase_ms is not None:

@@ -28,9 +28,10 @@ the category of the stretch it falls in:
   resumed_from_step). The record holds no time for each step, so it is split in proportion to the steps, at an
   even pace;
 - `failure_detection`: the fault to the attempt's end. The fault is the first of: a node's job that ended
-  before the keeper saw the fault, the moment the attempt's running nodes went quiet (the newest of their last
-  output, NodeReport.last_output_at: a hung peer holds them silent inside a collective), the keeper's
-  fault_seen;
+  before the keeper saw the fault, the moment the attempt went quiet (the newest of its hung nodes' last
+  progress, NodeReport.quiet_since: their supervisors' watch waited that long before it stopped them; else of
+  its running nodes' last output, NodeReport.last_output_at: a hung peer holds them silent inside a
+  collective), the keeper's fault_seen;
 - `job_end`: the last node's job ended to the keeper's round that recorded the attempt's end. A job stopped by
   the keeper (a Capacity Block's end) is recorded first and its nodes end after their stop's save: its wall
   time runs to the last node's end, and that save is `checkpoint_save`.
@@ -194,7 +195,7 @@ def _jobs_ended(attempt: Attempt) -> datetime.datetime | None:
 
 def _fault_time(attempt: Attempt) -> datetime.datetime | None:
     """The fault that ended the attempt: the first of a node whose job ended before the keeper saw it and the
-    moment its running nodes went quiet (the newest of their last output), else the keeper's fault_seen; None
+    moment it went quiet (compaction.summarize's quiet_since), else the keeper's fault_seen; None
     for an attempt that ended without a fault (or has not ended)."""
     seen = parse_phase(attempt.timeline.get("fault_seen", ""))
     if seen is None:

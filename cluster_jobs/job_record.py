@@ -60,6 +60,7 @@ class NodeReport:
     # a hung job's: where the node's supervisor found the hang (job_contract.HANG_ORIGINS); "here": the job keeper
     # restarts the job without this node where the group has another ready one (job_keeper/keeper.py)
     hang_origin: str | None = None
+    quiet_since: str | None = None  # a hung job's: when its supervisor last saw it progress (UTC, to the ms)
     # what the node's answer held outside cluster_jobs/node_answer.py's schema, dropped: one warning each
     dropped: list[str] = field(default_factory=list)
 
@@ -74,7 +75,9 @@ class NodeSummary:
     states: dict[str, int] = field(default_factory=dict)  # state -> how many nodes reported it
     first_ended_at: str | None = None  # the earliest node's job end
     last_ended_at: str | None = None  # the latest node's job end, when every node reported one
-    quiet_since: str | None = None  # the newest last output of the running nodes, when each reported one
+    # when the attempt went quiet: the newest of its hung nodes' last progress (their supervisors' quiet_since),
+    # else of its running nodes' last output, when each reported one
+    quiet_since: str | None = None
     phase_ms: dict[str, int] | None = None  # phase -> the most milliseconds any node reported; None: no node did
     compile_cache: dict[str, int] = field(default_factory=dict)  # "snapshot"/"cold" -> nodes that reported it
 

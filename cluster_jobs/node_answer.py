@@ -177,6 +177,8 @@ def parse_payload(payload: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]
         # a hung job's: where its supervisor found the hang, and what it saw (node_bootstrap/jobs/hang_origin.py)
         "hang_origin": one_of(payload, "hangOrigin", dropped, job_contract.HANG_ORIGINS),
         "hang_evidence": text(payload, "hangEvidence", dropped),
+        # a hung job's: its supervisor's last record of progress (its own clock), when the job went quiet
+        "quiet_since": matching(payload, "quietSince", dropped, TIME_RE, times),
     }
     return fields, dropped
 

@@ -52,6 +52,7 @@ class NodeJobState:
     # and one line of what it saw there (node_bootstrap/jobs/hang_origin.py)
     hang_origin: str | None = None
     hang_evidence: str | None = None
+    quiet_since: str | None = None  # a hung job's: when its supervisor last saw it progress (UTC, to the ms)
 
     # what the answer held outside cluster_jobs/node_answer.py's schema, dropped: a warning each, never the value
     dropped: tuple[str, ...] = ()
@@ -97,7 +98,8 @@ class NodeJobState:
                           detail=self.detail, compile_cache=self.compile_cache, dropped=list(self.dropped),
                           phase_ms=None if self.phase_seconds is None else
                           {name: round(seconds * 1000) for name, seconds in self.phase_seconds.items()},
-                          last_output_at=self.last_output_at, hang_origin=self.hang_origin)
+                          last_output_at=self.last_output_at, hang_origin=self.hang_origin,
+                          quiet_since=self.quiet_since)
 
 
 def is_commcheck(states: Sequence[NodeJobState]) -> bool:

@@ -198,6 +198,21 @@ def test_the_silence_of_running_nodes_before_the_fault_was_seen_is_failure_detec
     assert job_goodput(record(attempts, ended=1010), T0).seconds["failure_detection"] == pytest.approx(10)
 
 
+def test_a_hung_nodes_last_progress_is_the_fault_whatever_its_running_peer_printed_since():
+    attempts = three_attempts()
+    # attempt 2: a rank of i-c stops at 540 (its last progress); its supervisor's watch stops the job at 560; i-a,
+    # still running, printed its peer's errors and its supervisor's line until 565; the keeper sees it at 600
+    attempts[1].node_reports = [
+        NodeReport("i-a", "running", last_output_at=at(565, ms=True)),
+        NodeReport("i-c", "hung", ended_at=at(560), hang_origin="here", quiet_since=at(540.5, ms=True))]
+    goodput = job_goodput(record(attempts, ended=1010), T0)
+    assert goodput.seconds["failure_detection"] == pytest.approx(10 + 59.5)
+    assert sum(goodput.seconds.values()) == pytest.approx(1010)
+    # a supervisor that predates quietSince: the job's end (560), the first of the nodes' ends
+    attempts[1].node_reports[1].quiet_since = None
+    assert job_goodput(record(attempts, ended=1010), T0).seconds["failure_detection"] == pytest.approx(10 + 40)
+
+
 def test_a_job_the_keeper_stopped_runs_to_its_nodes_end_and_their_stop_save_is_checkpoint_save():
     """A Capacity Block's end: the keeper records the job cancelled at 500 s, its nodes save and end at 530 s."""
     stopped = Attempt(number=1, nodes=["i-a", "i-b"], rendezvous_host="10.0.0.1", started_at=at(2),

@@ -54,7 +54,7 @@ from typing import Callable, Optional
 from node_bootstrap.config import DEFAULT_JOB_STEP_HANG_FLOOR_SECONDS
 from node_bootstrap.job_contract import BEAT_EVENT, PHASE_EVENT
 from node_bootstrap.jobs.job_report import Rejections, beat_report, checked_int, find_last_event, phase_report
-from node_bootstrap.jobs.spec import utc_now
+from node_bootstrap.jobs.spec import phase_time, utc_now
 
 RESTART_MARKER = b"failed (exitcode: "
 _STEP_HINT = b'"step"'
@@ -93,6 +93,9 @@ class ProgressWatch:
         # still counts as progress)
         self.last_step: Optional[int] = None
         self.last_step_at: Optional[str] = None  # its UTC time
+        # the last record of progress (a step line, a beat, a phase record), UTC to the millisecond: a hung job
+        # went quiet then (its goodput counts the silence as failure detection, cluster_jobs/goodput.py)
+        self.quiet_since: Optional[str] = None
         self.slowest_interval_s = 0.0  # between two step lines, since the trainer (re)started
         self.intervals = 0
         self._last_step_clock: Optional[float] = None  # None: the next step line is the first after a start
@@ -203,6 +206,7 @@ class ProgressWatch:
             self._open.clear()
         self.last_step = step
         self.last_step_at = utc_now()
+        self.quiet_since = phase_time()
         self._wait(now, "a step", self.hang_timeout())
 
     def _observe_phase(self, event: dict[str, object]) -> None:
@@ -211,6 +215,7 @@ class ProgressWatch:
             return  # dropped and counted
         now, started = self._clock(), self._last_step_clock is not None
         self._count_phase(now)
+        self.quiet_since = phase_time()
         self.phase_aware = True
         self._interval_held_phase = True
         if report.state == "start":

@@ -60,6 +60,12 @@ def utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def phase_time() -> str:
+    """Now, UTC to the millisecond: the trainer's phase times have the same form (training/metrics.py)."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return now.strftime("%Y-%m-%dT%H:%M:%S") + f".{now.microsecond // 1000:03d}Z"
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """What one `start` asks for; the same on every node of the job."""

@@ -47,6 +47,7 @@ from node_bootstrap.jobs.spec import (
     STOP_GRACE_SECONDS,
     TRAINING_MODULE,
     JobFiles,
+    phase_time,
     read_json,
     utc_now,
     write_json_atomic,
@@ -55,12 +56,6 @@ from node_bootstrap.jobs.spec import (
 _RESUME_HINT = b'"resume"'  # cheap test before a line is parsed as the trainer's resume line
 _PHASES_HINT = b'"phases"'  # the resume line and a start's first step line carry the trainer's restart phases
 _TRAINER_STOPPED = TRAINER_STOPPED_LINE.encode()
-
-
-def phase_time() -> str:
-    """Now, UTC to the millisecond: the trainer's phase times have the same form (training/metrics.py)."""
-    now = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z"
 
 
 def build_job_command(env_file: str, argv: list[str]) -> list[str]:
@@ -256,7 +251,8 @@ class Supervisor:
             assert self.watch is not None
             return self._finish("hung", exit_code, signal=signal_name, error="hung: " + self.hung,
                                 lastStepSeen=self.watch.last_step, lastStepAt=self.watch.last_step_at,
-                                hangOrigin=self.hang_verdict[0], hangEvidence=self.hang_verdict[1])
+                                quietSince=self.watch.quiet_since, hangOrigin=self.hang_verdict[0],
+                                hangEvidence=self.hang_verdict[1])
         if self.abort is not None:
             return self._finish("cancelled", exit_code, signal=signal_name, stopMode=CANCEL_ABORT,
                                 stopRequest=self.abort, error="aborted without a checkpoint by the {}: {}".format(

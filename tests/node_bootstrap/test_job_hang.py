@@ -264,6 +264,9 @@ def test_a_stopped_rank_is_named_killed_at_once_and_the_node_asked_for_a_health_
     evidence = f"rank 5 (pid {worker}) is stopped (state T: SIGSTOP, a debugger or a job-control stop)"
     assert status["state"] == "hung" and status["signal"] == "SIGKILL"  # no SIGTERM: a stopped rank never reads it
     assert (status["hangOrigin"], status["hangEvidence"]) == ("here", evidence)
+    # its last progress (step 3's line), to the millisecond: the job's goodput counts the silence from there
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", status["quietSince"])
+    assert status["quietSince"][:19] <= status["endedAt"][:19] and status["quietSince"][:19] >= status["startedAt"][:19]
     log = n.log(job)
     assert f"; on this node: {evidence}; stopping the job: SIGKILL\n" in log and "SIGTERM" not in log
     wait_until(lambda: not running(worker), 10, "the stopped worker to be killed")
