@@ -15,7 +15,14 @@ import pytest
 from node_jobs_support import wait_until
 
 from node_bootstrap.job_contract import HANG_HERE, HANG_PEER, HANG_UNKNOWN
-from node_bootstrap.jobs.hang_origin import RankProcess, hang_origin, rank_of, request_health_check, sample_workers
+from node_bootstrap.jobs.hang_origin import (
+    DATA_WAIT_PHASE,
+    RankProcess,
+    hang_origin,
+    rank_of,
+    request_health_check,
+    sample_workers,
+)
 from node_bootstrap.jobs.processes import thread_states
 
 # A stand-in for torchrun: one worker per argument ("sleep", "stop" or "spin"), RANK=10+i in each one's
@@ -83,7 +90,9 @@ def test_ranks_that_all_sleep_wait_on_a_peer(torchrun):
     ranks = ", ".join(f"rank {10 + i} (pid {pid})" for i, pid in sorted(enumerate(pids), key=lambda x: x[1]))
     assert hang_origin(workers, open_phase=None) == (
         HANG_PEER, f"every rank here sleeps ({ranks}): blocked on a peer, as inside a collective")
-    # a data wait that did not end is this node's own read, whatever the ranks' states
+    # a data wait that did not end is this node's own read, whatever the ranks' states (the trainer's phase name)
+    from training.phases import DATA_WAIT
+    assert DATA_WAIT_PHASE == DATA_WAIT
     assert hang_origin(workers, open_phase="data_wait") == (
         HANG_HERE, "the trainer's data wait did not end: its loader's read on this node")
 
