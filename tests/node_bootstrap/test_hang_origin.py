@@ -24,6 +24,7 @@ from node_bootstrap.jobs.hang_origin import (
     sample_workers,
 )
 from node_bootstrap.jobs.processes import thread_states
+from training.phases import DATA_WAIT
 
 # A stand-in for torchrun: one worker per argument ("sleep", "stop" or "spin"), RANK=10+i in each one's
 # environment as torchrun sets it; it prints their pids, then waits as torchrun does.
@@ -91,7 +92,6 @@ def test_ranks_that_all_sleep_wait_on_a_peer(torchrun):
     assert hang_origin(workers, open_phase=None) == (
         HANG_PEER, f"every rank here sleeps ({ranks}): blocked on a peer, as inside a collective")
     # a data wait that did not end is this node's own read, whatever the ranks' states (the trainer's phase name)
-    from training.phases import DATA_WAIT
     assert DATA_WAIT_PHASE == DATA_WAIT
     assert hang_origin(workers, open_phase="data_wait") == (
         HANG_HERE, "the trainer's data wait did not end: its loader's read on this node")
